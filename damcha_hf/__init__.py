@@ -1,0 +1,32 @@
+"""damcha-hf: DAMCHA attention for Hugging Face Transformers.
+
+`import damcha_hf` registers every DAMCHA config and model with the Auto classes (`AutoConfig`, `AutoModel`,
+`AutoModelForCausalLM`, `AutoModelForSequenceClassification`, ...), and marks them for remote code so that
+`save_pretrained` writes an `auto_map` and copies the model files next to the weights.
+
+Public API:
+    DamchaGPT2Config, DamchaGPT2Model, DamchaGPT2LMHeadModel, DamchaGPT2ForSequenceClassification
+    convert_to_damcha(model, **metric_options)   an in-memory GPT-2 (or ViT) model -> its DAMCHA counterpart
+"""
+
+from .conversion import convert_to_damcha
+from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
+from .modeling.modeling_damcha_gpt2 import (
+    DamchaGPT2ForSequenceClassification,
+    DamchaGPT2LMHeadModel,
+    DamchaGPT2Model,
+)
+from .registration import register_auto_classes
+
+register_auto_classes()
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DamchaGPT2Config",
+    "DamchaGPT2Model",
+    "DamchaGPT2LMHeadModel",
+    "DamchaGPT2ForSequenceClassification",
+    "convert_to_damcha",
+    "__version__",
+]

@@ -1,0 +1,61 @@
+"""Conversion ("upcycling") of pretrained multi-head attention models into their DAMCHA counterparts.
+
+The metric generator starts at zero, so the converted model keeps every weight and computes the same outputs;
+fine-tuning then learns the metric.
+"""
+
+import torch
+from transformers import (
+    GPT2ForSequenceClassification,
+    GPT2LMHeadModel,
+    GPT2Model,
+    PreTrainedModel,
+)
+
+from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
+from .modeling.modeling_damcha_gpt2 import (
+    DamchaGPT2ForSequenceClassification,
+    DamchaGPT2LMHeadModel,
+    DamchaGPT2Model,
+)
+
+# source class -> (DAMCHA config class, DAMCHA model class). Exact classes: a subclass may add weights we would drop.
+CONVERSIONS: dict[type, tuple[type, type]] = {
+    GPT2Model: (DamchaGPT2Config, DamchaGPT2Model),
+    GPT2LMHeadModel: (DamchaGPT2Config, DamchaGPT2LMHeadModel),
+    GPT2ForSequenceClassification: (DamchaGPT2Config, DamchaGPT2ForSequenceClassification),
+}
+
+
+def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedModel:
+    """Return the DAMCHA counterpart of `model` with every weight copied and the metric generator at zero.
+
+    Args:
+        model: a `GPT2Model`, `GPT2LMHeadModel` or `GPT2ForSequenceClassification` (and the ViT classes once
+            registered in `CONVERSIONS`).
+        **metric_options: DAMCHA config fields, e.g. `metric_context="query"`, `metric_hidden_size=32`.
+
+    The result is on the same device and dtype, in the same train/eval mode, with the same attention implementation;
+    its outputs equal the original's to float rounding.
+    """
+    if type(model) not in CONVERSIONS:
+        supported = ", ".join(cls.__name__ for cls in CONVERSIONS)
+        raise TypeError(f"convert_to_damcha: cannot convert a {type(model).__name__}; supported: {supported}.")
+    config_class, damcha_class = CONVERSIONS[type(model)]
+    config_dict = model.config.to_dict()
+    for key in ("model_type", "architectures", "auto_map", "transformers_version"):
+        config_dict.pop(key, None)
+    config = config_class(**{**config_dict, **metric_options})
+    config._attn_implementation = model.config._attn_implementation
+    parameter = next(model.parameters())
+    with torch.device(parameter.device):
+        damcha = damcha_class(config).to(parameter.dtype)
+    missing, unexpected = damcha.load_state_dict(model.state_dict(), strict=False)
+    missing = [key for key in missing if ".cross_head_metric." not in f".{key}"]
+    if missing or unexpected:
+        raise RuntimeError(
+            f"convert_to_damcha: weights did not carry over from {type(model).__name__} "
+            f"(missing: {missing[:5]}, unexpected: {unexpected[:5]})."
+        )
+    damcha.train(model.training)
+    return damcha

@@ -1,0 +1,30 @@
+"""Configuration of DAMCHA GPT-2: GPT-2 with data-adaptive cross-head metric attention."""
+
+from huggingface_hub.dataclasses import strict
+from transformers import GPT2Config
+
+from .damcha_attention import METRIC_OPTIONS_DOCSTRING, check_metric_options
+
+
+@strict
+class DamchaGPT2Config(GPT2Config):
+    r"""
+    Configuration of a [`DamchaGPT2Model`]: every field of [`GPT2Config`] plus the DAMCHA metric fields below.
+    Any GPT-2 `config.json` loads into it, with the metric fields at their defaults. `metric_context` defaults to
+    `"token"`; `"sequence"` is refused, since it would leak future tokens into a causal model.
+    """
+
+    model_type = "damcha_gpt2"
+
+    metric_hidden_size: int = 64
+    metric_context: str = "token"
+    metric_mask: str = "full"
+    metric_sharing: str = "stack"
+
+    def validate_metric_options(self):
+        check_metric_options(self, causal=True)
+
+
+DamchaGPT2Config.__doc__ += METRIC_OPTIONS_DOCSTRING
+
+__all__ = ["DamchaGPT2Config"]

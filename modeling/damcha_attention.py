@@ -1,0 +1,201 @@
+"""The DAMCHA math core, shared by every model in this folder.
+
+DAMCHA ("Data-Adaptive Mahalanobis Metric Learning for Cross-Head Attention", NeurIPS 2026) scores head ``i`` with
+the row-sum of its block row of a data-adaptive cross-head metric:
+
+    S_i = X m_i(X) X^T / sqrt(d_h),   m_i(X) = sum_j C_ij(X) A_ij,   A_ij = W_q^i W_k^j^T
+
+which equals ``Q_i (sum_j C_ij K_j)^T / sqrt(d_h)``. ``C = I + G(z)`` comes from a small MLP (the *metric
+generator*) whose last layer starts at zero, so a fresh DAMCHA layer computes exactly multi-head attention.
+
+Where ``C`` may depend on the tokens is ``metric_context``:
+
+* ``"token"``: ``C`` from the key token's own normalised hidden state, applied as key-side mixing
+  ``K~_i[s] = sum_j C_ij(x_s) K_j[s]``. Causal-safe; the KV cache stores ``K~``.
+* ``"sequence"``: one ``C`` per sequence from the mean hidden state (the literal ``M(X)``). Bidirectional only.
+* ``"query"``: ``C`` from the query token, ``S_i[t, s] = sum_j C_ij(x_t) Q_i[t] . K_j[s]``, computed exactly in
+  expanded-query form: query ``[C_i1 q_i, ..., C_iH q_i]`` (width ``H * d_h``) against the full-width key shared
+  by every head. It costs ``H`` times the ``QK^T`` of multi-head attention.
+
+Every context hands ordinary ``(query, key, value)`` tensors to the attention functions of transformers, so eager,
+SDPA and the other backends apply unchanged.
+
+This file imports only torch: it is copied next to the weights of a saved checkpoint (remote code).
+"""
+
+import torch
+from torch import nn
+
+
+METRIC_CONTEXTS = ("token", "sequence", "query")
+METRIC_MASKS = ("full", "diagonal", "offdiagonal")
+METRIC_SHARINGS = ("stack", "layer")
+
+# Docstring fragment shared by the DAMCHA configs, so that both document the fields the same way.
+METRIC_OPTIONS_DOCSTRING = r"""
+    metric_hidden_size (`int`, *optional*, defaults to 64):
+        Hidden width `r` of the metric generator MLP (`d -> r -> H*H`, GELU). Its output layer starts at zero, so
+        a fresh or converted model computes exactly multi-head attention.
+    metric_context (`str`, *optional*):
+        What the cross-head matrix `C` depends on: `"token"` (the key token's hidden state; causal-safe),
+        `"sequence"` (the mean hidden state of the sequence; bidirectional models only) or `"query"` (the query
+        token's hidden state; exact, `H` times the cost of `QK^T`).
+    metric_mask (`str`, *optional*, defaults to `"full"`):
+        The paper's ablation, applicable at inference to a trained model: `"full"`, `"diagonal"` (no cross-head
+        terms, `C_ij = 0` for `i != j`) or `"offdiagonal"` (`C_ii = 0`: head `i` scores only against the other
+        heads' keys).
+    metric_sharing (`str`, *optional*, defaults to `"stack"`):
+        `"stack"`: one generator shared by every layer (each layer feeds it its own input, so each layer still
+        gets its own metric). `"layer"`: one generator per layer, for ablation.
+"""
+
+
+def check_metric_options(config, *, causal: bool) -> None:
+    """Raise a `ValueError` naming the offending config field and the fix. Shared by every DAMCHA config."""
+    name = type(config).__name__
+    hidden_size, num_heads = config.hidden_size, config.num_attention_heads
+    if num_heads <= 0 or hidden_size % num_heads != 0:
+        raise ValueError(
+            f"{name}: `num_attention_heads` ({num_heads}) must divide `hidden_size` ({hidden_size}); "
+            f"pick a head count that divides it, such as {_nearest_divisors(hidden_size, num_heads)}."
+        )
+    if not isinstance(config.metric_hidden_size, int) or config.metric_hidden_size <= 0:
+        raise ValueError(
+            f"{name}: `metric_hidden_size` must be a positive integer (the metric generator's hidden width), "
+            f"got {config.metric_hidden_size!r}; 64 is a good default."
+        )
+    for field, allowed in (
+        ("metric_context", METRIC_CONTEXTS),
+        ("metric_mask", METRIC_MASKS),
+        ("metric_sharing", METRIC_SHARINGS),
+    ):
+        value = getattr(config, field)
+        if value not in allowed:
+            raise ValueError(f"{name}: unknown `{field}` {value!r}; choose one of {', '.join(map(repr, allowed))}.")
+    if causal and config.metric_context == "sequence":
+        raise ValueError(
+            f"{name}: `metric_context='sequence'` averages over the whole sequence, which would let a causal "
+            "model see future tokens; use `metric_context='token'` (or `'query'`) for causal models."
+        )
+
+
+def _nearest_divisors(hidden_size: int, num_heads: int) -> str:
+    divisors = sorted((h for h in range(1, hidden_size + 1) if hidden_size % h == 0), key=lambda h: abs(h - num_heads))
+    return " or ".join(map(str, sorted(divisors[:2])))
+
+
+class MetricGenerator(nn.Module):
+    """`G`: one small MLP `d -> r -> H*H` (GELU). Its output layer is zero-initialised (`init_metric_generator`)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, metric_hidden_size: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.fc_in = nn.Linear(hidden_size, metric_hidden_size)
+        self.act = nn.GELU()
+        self.fc_out = nn.Linear(metric_hidden_size, num_heads * num_heads)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        offsets = self.fc_out(self.act(self.fc_in(z)))
+        return offsets.unflatten(-1, (self.num_heads, self.num_heads))
+
+
+class CrossHeadMetric(nn.Module):
+    """The cross-head matrix `C(z) = I + G(z)` of a layer, masked for the paper's ablations.
+
+    Holds one generator per stack (`metric_sharing="stack"`) or one per layer (`"layer"`). It is a single module so
+    that PEFT's `modules_to_save=["cross_head_metric"]` trains every generator of a model in full.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, metric_hidden_size: int, num_generators: int = 1):
+        super().__init__()
+        self.num_heads = num_heads
+        self.generators = nn.ModuleList(
+            MetricGenerator(hidden_size, num_heads, metric_hidden_size) for _ in range(num_generators)
+        )
+
+    @classmethod
+    def from_config(cls, config) -> "CrossHeadMetric":
+        num_generators = config.num_hidden_layers if config.metric_sharing == "layer" else 1
+        return cls(config.hidden_size, config.num_attention_heads, config.metric_hidden_size, num_generators)
+
+    def forward(self, z: torch.Tensor, layer_idx: int = 0, metric_mask: str = "full") -> torch.Tensor:
+        """`z`: (..., d) -> `C`: (..., H, H)."""
+        generator = self.generators[layer_idx if len(self.generators) > 1 else 0]
+        offsets = generator(z)
+        identity = torch.eye(self.num_heads, device=offsets.device, dtype=offsets.dtype)
+        if metric_mask == "full":
+            return identity + offsets
+        if metric_mask == "diagonal":
+            return (identity + offsets) * identity
+        if metric_mask == "offdiagonal":
+            return offsets * (1 - identity)
+        raise ValueError(f"unknown `metric_mask` {metric_mask!r}; choose one of {', '.join(map(repr, METRIC_MASKS))}.")
+
+
+def init_metric_generator(module: nn.Module, std: float) -> None:
+    """Weight init for `MetricGenerator`: normal input layer, zero output layer, so `C = I` and DAMCHA == MHA."""
+    if isinstance(module, MetricGenerator):
+        nn.init.normal_(module.fc_in.weight, mean=0.0, std=std)
+        nn.init.zeros_(module.fc_in.bias)
+        nn.init.zeros_(module.fc_out.weight)
+        nn.init.zeros_(module.fc_out.bias)
+
+
+def cross_head_query_key(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    hidden_states: torch.Tensor,
+    metric: CrossHeadMetric,
+    *,
+    layer_idx: int,
+    metric_context: str,
+    metric_mask: str = "full",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn multi-head `(query, key)` into DAMCHA's, for any attention function.
+
+    Args:
+        query, key: `(batch, heads, seq, head_dim)` projections of the new tokens.
+        hidden_states: `(batch, seq, hidden)`, the normalised attention input `X` of the same tokens.
+        metric: the model's `CrossHeadMetric`.
+
+    Returns:
+        `(query, key)`. For `"token"` and `"sequence"` the query is unchanged and the key is the mixed `K~`
+        (same shape). For `"query"` the query is `(batch, heads, seq, heads * head_dim)` and the key is
+        `(batch, 1, seq, heads * head_dim)`, shared by every head: cache it as it is, and broadcast it to the
+        heads with `expand_shared_key` before attention.
+    """
+    if metric_context == "token":
+        cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, s, H, H)
+        mixed = cross_head @ key.transpose(1, 2)  # (b, s, H, H) @ (b, s, H, d_h)
+        return query, mixed.transpose(1, 2)
+    if metric_context == "sequence":
+        cross_head = metric(hidden_states.mean(dim=1), layer_idx, metric_mask)  # (b, H, H)
+        mixed = cross_head @ key.flatten(2)  # (b, H, H) @ (b, H, s * d_h)
+        return query, mixed.view_as(key)
+    if metric_context == "query":
+        batch, heads, seq, head_dim = query.shape
+        cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, t, H_i, H_j)
+        # expanded[b, i, t, j, :] = C_ij(x_t) * q_i[t]
+        expanded = cross_head.permute(0, 2, 1, 3).unsqueeze(-1) * query.unsqueeze(-2)
+        full_width_key = key.transpose(1, 2).reshape(batch, 1, key.shape[2], heads * head_dim)
+        return expanded.flatten(-2), full_width_key
+    raise ValueError(
+        f"unknown `metric_context` {metric_context!r}; choose one of {', '.join(map(repr, METRIC_CONTEXTS))}."
+    )
+
+
+def expand_shared_key(key: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Broadcast a key shared by every head (`"query"` context, shape `(b, 1, s, d)`) to `(b, H, s, d)`; else no-op."""
+    if key.shape[1] == 1 and num_heads > 1:
+        return key.expand(-1, num_heads, -1, -1)
+    return key
+
+
+def check_attention_backend(metric_context: str, attn_implementation: str | None) -> None:
+    """The expanded-query form gives the query a wider head than the value, which only eager and SDPA accept."""
+    if metric_context == "query" and attn_implementation not in (None, "eager", "sdpa"):
+        raise ValueError(
+            f"`metric_context='query'` needs `attn_implementation` 'eager' or 'sdpa' (its query and key heads are "
+            f"wider than its value heads); got {attn_implementation!r}. Use `metric_context='token'` for "
+            f"{attn_implementation}, or load the model with `attn_implementation='sdpa'`."
+        )

@@ -1,0 +1,158 @@
+"""DAMCHA GPT-2: GPT-2 whose self-attention scores with the data-adaptive cross-head metric of `damcha_attention`.
+
+Only the self-attention changes; embeddings, MLPs, heads, weight names and the cache are GPT-2's, so every GPT-2
+checkpoint loads with all weights kept and (the metric generator starting at zero) identical outputs. Cross-attention
+layers (`add_cross_attention=True`) stay plain multi-head attention.
+
+Tested with transformers 5.23 and 5.24, whose GPT-2 internals (the `cache` argument, `ALL_ATTENTION_FUNCTIONS`,
+output recording) this file relies on.
+"""
+
+import functools
+
+import torch
+from torch import nn
+from transformers import GenerationMixin
+from transformers.models.gpt2.modeling_gpt2 import (
+    GPT2Attention,
+    GPT2Block,
+    GPT2ForSequenceClassification,
+    GPT2LMHeadModel,
+    GPT2Model,
+    GPT2PreTrainedModel,
+    eager_attention_forward,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .configuration_damcha_gpt2 import DamchaGPT2Config
+from .damcha_attention import (
+    CrossHeadMetric,
+    check_attention_backend,
+    cross_head_query_key,
+    expand_shared_key,
+    init_metric_generator,
+)
+
+
+class DamchaGPT2Attention(GPT2Attention):
+    """GPT-2 self-attention with DAMCHA's cross-head metric; the metric comes in as `cross_head_metric`."""
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        cache=None,
+        attention_mask: torch.Tensor | None = None,
+        cross_head_metric: CrossHeadMetric | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if cross_head_metric is None:
+            raise ValueError(
+                "DamchaGPT2Attention needs the model's `cross_head_metric`; call it through DamchaGPT2Model."
+            )
+        kwargs.pop("output_attentions", None)
+        kwargs.pop("encoder_hidden_states", None)
+        config = self.config
+        check_attention_backend(config.metric_context, config._attn_implementation)
+
+        query, key, value = self.c_attn(hidden_states).split(self.split_size, dim=2)
+        head_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        query, key, value = (t.view(head_shape).transpose(1, 2) for t in (query, key, value))
+        query, key = cross_head_query_key(
+            query,
+            key,
+            hidden_states,
+            cross_head_metric,
+            layer_idx=self.layer_idx,
+            metric_context=config.metric_context,
+            metric_mask=config.metric_mask,
+        )
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
+        key = expand_shared_key(key, self.num_heads)
+
+        if config._attn_implementation == "eager" and self.reorder_and_upcast_attn:
+            attn_output, attn_weights = self._upcast_and_reordered_attn(query, key, value, attention_mask)
+        else:
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+                config._attn_implementation, eager_attention_forward
+            )
+            attn_output, attn_weights = attention_interface(
+                self,
+                query,
+                key,
+                value,
+                attention_mask,
+                dropout=self.attn_dropout.p if self.training else 0.0,
+                scaling=self.scaling,
+                **kwargs,
+            )
+        attn_output = attn_output.reshape(*attn_output.shape[:-2], -1).contiguous()
+        attn_output = self.resid_dropout(self.c_proj(attn_output))
+        return attn_output, attn_weights
+
+
+class DamchaGPT2Block(GPT2Block):
+    def __init__(self, config: DamchaGPT2Config, layer_idx: int | None = None):
+        super().__init__(config, layer_idx=layer_idx)
+        self.attn = DamchaGPT2Attention(config=config, layer_idx=layer_idx)
+
+
+class DamchaGPT2PreTrainedModel(GPT2PreTrainedModel):
+    config_class = DamchaGPT2Config
+    config: DamchaGPT2Config
+    _no_split_modules = ["DamchaGPT2Block"]
+    # Flash and flex attention need equal query/value head widths, which `metric_context="query"` breaks;
+    # the other contexts run on them, but only eager and SDPA are tested here.
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        init_metric_generator(module, std=self.config.initializer_range)
+
+
+class DamchaGPT2Model(DamchaGPT2PreTrainedModel, GPT2Model):
+    def __init__(self, config: DamchaGPT2Config):
+        # GPT2Model.__init__ would build plain GPT-2 blocks only for them to be replaced: build DAMCHA's directly.
+        DamchaGPT2PreTrainedModel.__init__(self, config)
+        self.embed_dim = config.hidden_size
+        self.wte = nn.Embedding(config.vocab_size, self.embed_dim)
+        self.wpe = nn.Embedding(config.max_position_embeddings, self.embed_dim)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.h = nn.ModuleList([DamchaGPT2Block(config, layer_idx=i) for i in range(config.num_hidden_layers)])
+        self.ln_f = nn.LayerNorm(self.embed_dim, eps=config.layer_norm_epsilon)
+        self.cross_head_metric = CrossHeadMetric.from_config(config)
+        self.gradient_checkpointing = False
+        self._attn_implementation = config._attn_implementation
+        self.post_init()
+
+    @functools.wraps(GPT2Model.forward)
+    def forward(self, *args, **kwargs):
+        # The metric travels down to every attention layer with the call, rather than as a module reference held
+        # by each layer, so that wrappers (PEFT's modules_to_save, FSDP) that replace it are always the ones used.
+        return GPT2Model.forward(self, *args, cross_head_metric=self.cross_head_metric, **kwargs)
+
+
+class DamchaGPT2LMHeadModel(DamchaGPT2PreTrainedModel, GPT2LMHeadModel, GenerationMixin):
+    def __init__(self, config: DamchaGPT2Config):
+        DamchaGPT2PreTrainedModel.__init__(self, config)
+        self.transformer = DamchaGPT2Model(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.post_init()
+
+
+class DamchaGPT2ForSequenceClassification(DamchaGPT2PreTrainedModel, GPT2ForSequenceClassification):
+    def __init__(self, config: DamchaGPT2Config):
+        DamchaGPT2PreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.transformer = DamchaGPT2Model(config)
+        self.score = nn.Linear(config.n_embd, self.num_labels, bias=False)
+        self.post_init()
+
+
+__all__ = [
+    "DamchaGPT2PreTrainedModel",
+    "DamchaGPT2Model",
+    "DamchaGPT2LMHeadModel",
+    "DamchaGPT2ForSequenceClassification",
+]

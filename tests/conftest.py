@@ -1,0 +1,52 @@
+"""Shared test setup: offline, deterministic, tiny random configs."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import GPT2Config  # noqa: E402
+
+import damcha_hf  # noqa: E402,F401  (registers the Auto classes)
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+TINY_GPT2 = dict(
+    vocab_size=97,
+    n_positions=64,
+    n_embd=32,
+    n_layer=2,
+    n_head=4,
+    resid_pdrop=0.0,
+    embd_pdrop=0.0,
+    attn_pdrop=0.0,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=0,
+)
+
+
+def tiny_gpt2_config(**overrides) -> GPT2Config:
+    return GPT2Config(**{**TINY_GPT2, **overrides})
+
+
+def tiny_damcha_gpt2_config(**overrides) -> damcha_hf.DamchaGPT2Config:
+    return damcha_hf.DamchaGPT2Config(**{**TINY_GPT2, "metric_hidden_size": 16, **overrides})
+
+
+def randomize_metric(model: torch.nn.Module, scale: float = 0.5, seed: int = 0) -> None:
+    """Move every metric generator off zero, so that C is a random non-identity matrix."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "cross_head_metric" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

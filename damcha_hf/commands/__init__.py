@@ -1,0 +1,1 @@
+"""Subcommands of the `damcha-hf` command line (see `damcha_hf.cli`)."""

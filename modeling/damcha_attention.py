@@ -20,11 +20,14 @@ Where ``C`` may depend on the tokens is ``metric_context``:
 Every context hands ordinary ``(query, key, value)`` tensors to the attention functions of transformers, so eager,
 SDPA and the other backends apply unchanged.
 
-This file imports only torch: it is copied next to the weights of a saved checkpoint (remote code).
+This file imports only torch and transformers: it is copied next to the weights of a saved checkpoint (remote code).
 """
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 
 METRIC_CONTEXTS = ("token", "sequence", "query")
@@ -199,3 +202,44 @@ def check_attention_backend(metric_context: str, attn_implementation: str | None
             f"wider than its value heads); got {attn_implementation!r}. Use `metric_context='token'` for "
             f"{attn_implementation}, or load the model with `attn_implementation='sdpa'`."
         )
+
+
+def cross_head_attention(
+    module: nn.Module,
+    hidden_states: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    metric: CrossHeadMetric,
+    default_attention: Callable,
+    dropout: float,
+    cache=None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """DAMCHA attention for any model: mix `(query, key)`, update the KV cache, run the configured attention function.
+
+    `module` is the model's attention layer (it provides `config`, `layer_idx`, `scaling` and the head count);
+    `query`, `key`, `value` are its `(batch, heads, seq, head_dim)` projections of `hidden_states`;
+    `default_attention` is the model's eager attention function, used when `config._attn_implementation` is eager.
+    Returns `(attn_output (batch, seq, heads, head_dim), attn_weights or None)` as the attention functions do.
+    """
+    config = module.config
+    check_attention_backend(config.metric_context, config._attn_implementation)
+    query, key = cross_head_query_key(
+        query,
+        key,
+        hidden_states,
+        metric,
+        layer_idx=module.layer_idx or 0,
+        metric_context=config.metric_context,
+        metric_mask=config.metric_mask,
+    )
+    if cache is not None:
+        key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
+    key = expand_shared_key(key, query.shape[1])
+    attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, default_attention)
+    return attention_interface(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=module.scaling, **kwargs
+    )

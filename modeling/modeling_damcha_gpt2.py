@@ -22,16 +22,14 @@ from transformers.models.gpt2.modeling_gpt2 import (
     GPT2PreTrainedModel,
     eager_attention_forward,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_damcha_gpt2 import DamchaGPT2Config
-from .damcha_attention import (
-    CrossHeadMetric,
-    check_attention_backend,
-    cross_head_query_key,
-    expand_shared_key,
-    init_metric_generator,
-)
+from .damcha_attention import CrossHeadMetric, cross_head_attention, init_metric_generator
+
+
+def upcast_and_reordered_attention(module, query, key, value, attention_mask, **kwargs):
+    """GPT-2's eager `reorder_and_upcast_attn` path, in the signature of the attention functions."""
+    return module._upcast_and_reordered_attn(query, key, value, attention_mask)
 
 
 class DamchaGPT2Attention(GPT2Attention):
@@ -50,42 +48,22 @@ class DamchaGPT2Attention(GPT2Attention):
                 "DamchaGPT2Attention needs the model's `cross_head_metric`; call it through DamchaGPT2Model."
             )
         kwargs.pop("output_attentions", None)
-        kwargs.pop("encoder_hidden_states", None)
-        config = self.config
-        check_attention_backend(config.metric_context, config._attn_implementation)
-
         query, key, value = self.c_attn(hidden_states).split(self.split_size, dim=2)
         head_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
         query, key, value = (t.view(head_shape).transpose(1, 2) for t in (query, key, value))
-        query, key = cross_head_query_key(
+        attn_output, attn_weights = cross_head_attention(
+            self,
+            hidden_states,
             query,
             key,
-            hidden_states,
-            cross_head_metric,
-            layer_idx=self.layer_idx,
-            metric_context=config.metric_context,
-            metric_mask=config.metric_mask,
+            value,
+            attention_mask,
+            metric=cross_head_metric,
+            default_attention=upcast_and_reordered_attention if self.reorder_and_upcast_attn else eager_attention_forward,
+            dropout=self.attn_dropout.p if self.training else 0.0,
+            cache=cache,
+            **kwargs,
         )
-        if cache is not None:
-            key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
-        key = expand_shared_key(key, self.num_heads)
-
-        if config._attn_implementation == "eager" and self.reorder_and_upcast_attn:
-            attn_output, attn_weights = self._upcast_and_reordered_attn(query, key, value, attention_mask)
-        else:
-            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-                config._attn_implementation, eager_attention_forward
-            )
-            attn_output, attn_weights = attention_interface(
-                self,
-                query,
-                key,
-                value,
-                attention_mask,
-                dropout=self.attn_dropout.p if self.training else 0.0,
-                scaling=self.scaling,
-                **kwargs,
-            )
         attn_output = attn_output.reshape(*attn_output.shape[:-2], -1).contiguous()
         attn_output = self.resid_dropout(self.c_proj(attn_output))
         return attn_output, attn_weights

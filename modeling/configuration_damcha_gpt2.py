@@ -3,7 +3,7 @@
 from huggingface_hub.dataclasses import strict
 from transformers import GPT2Config
 
-from .damcha_attention import METRIC_OPTIONS_DOCSTRING, check_metric_options
+from .damcha_attention import METRIC_OPTIONS_DOCSTRING, check_metric_options, check_source_model_type
 
 
 @strict
@@ -23,6 +23,13 @@ class DamchaGPT2Config(GPT2Config):
 
     def validate_metric_options(self):
         check_metric_options(self, causal=True)
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        check_source_model_type(cls, config_dict.get("model_type"), base_model_type="gpt2")
+        # A converted GPT-2 config must be saved as `damcha_gpt2`, so the source's model_type is not carried over.
+        config_dict = {key: value for key, value in config_dict.items() if key != "model_type"}
+        return super().from_dict(config_dict, **kwargs)
 
 
 DamchaGPT2Config.__doc__ += METRIC_OPTIONS_DOCSTRING

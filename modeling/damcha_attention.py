@@ -87,15 +87,22 @@ def _nearest_divisors(hidden_size: int, num_heads: int) -> str:
     return " or ".join(map(str, sorted(divisors[:2])))
 
 
+class MetricOutputLayer(nn.Linear):
+    """The generator's last layer. Its own class, because weight init reaches it as a module on its own and must
+    zero it (`init_metric_generator`) so that `C = I` and a fresh or converted DAMCHA model equals MHA."""
+
+
 class MetricGenerator(nn.Module):
-    """`G`: one small MLP `d -> r -> H*H` (GELU). Its output layer is zero-initialised (`init_metric_generator`)."""
+    """`G`: one small MLP `d -> r -> H*H` (GELU), whose output layer starts at zero."""
 
     def __init__(self, hidden_size: int, num_heads: int, metric_hidden_size: int):
         super().__init__()
         self.num_heads = num_heads
         self.fc_in = nn.Linear(hidden_size, metric_hidden_size)
         self.act = nn.GELU()
-        self.fc_out = nn.Linear(metric_hidden_size, num_heads * num_heads)
+        self.fc_out = MetricOutputLayer(metric_hidden_size, num_heads * num_heads)
+        nn.init.zeros_(self.fc_out.weight)
+        nn.init.zeros_(self.fc_out.bias)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         offsets = self.fc_out(self.act(self.fc_in(z)))
@@ -135,13 +142,11 @@ class CrossHeadMetric(nn.Module):
         raise ValueError(f"unknown `metric_mask` {metric_mask!r}; choose one of {', '.join(map(repr, METRIC_MASKS))}.")
 
 
-def init_metric_generator(module: nn.Module, std: float) -> None:
-    """Weight init for `MetricGenerator`: normal input layer, zero output layer, so `C = I` and DAMCHA == MHA."""
-    if isinstance(module, MetricGenerator):
-        nn.init.normal_(module.fc_in.weight, mean=0.0, std=std)
-        nn.init.zeros_(module.fc_in.bias)
-        nn.init.zeros_(module.fc_out.weight)
-        nn.init.zeros_(module.fc_out.bias)
+def init_metric_generator(module: nn.Module) -> None:
+    """Called from a model's `_init_weights` after the default init: zero the generator's output layer."""
+    if isinstance(module, MetricOutputLayer):
+        nn.init.zeros_(module.weight)
+        nn.init.zeros_(module.bias)
 
 
 def cross_head_query_key(
@@ -243,3 +248,13 @@ def cross_head_attention(
     return attention_interface(
         module, query, key, value, attention_mask, dropout=dropout, scaling=module.scaling, **kwargs
     )
+
+
+def check_source_model_type(config_class: type, model_type: str | None, base_model_type: str) -> None:
+    """Refuse at load time a checkpoint of another architecture, before any weight is touched."""
+    if model_type not in (None, config_class.model_type, base_model_type):
+        raise ValueError(
+            f"{config_class.__name__} cannot load a checkpoint whose config has `model_type={model_type!r}`: only "
+            f"'{base_model_type}' and '{config_class.model_type}' checkpoints convert to it. Load that checkpoint "
+            "with its own Auto class, or pass a checkpoint of the matching architecture."
+        )

@@ -86,7 +86,7 @@ class DamchaGPT2PreTrainedModel(GPT2PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        init_metric_generator(module, std=self.config.initializer_range)
+        init_metric_generator(module)
 
 
 class DamchaGPT2Model(DamchaGPT2PreTrainedModel, GPT2Model):

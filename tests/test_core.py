@@ -1,0 +1,112 @@
+"""The DAMCHA math core against a naive oracle that materialises every head pair Q_i K_j^T."""
+
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from damcha_hf.modeling.damcha_attention import (
+    CrossHeadMetric,
+    cross_head_query_key,
+    expand_shared_key,
+)
+
+BATCH, SEQ, HIDDEN, HEADS = 2, 5, 24, 3
+HEAD_DIM = HIDDEN // HEADS
+
+
+def random_metric(seed: int = 0) -> CrossHeadMetric:
+    metric = CrossHeadMetric(HIDDEN, HEADS, metric_hidden_size=8, num_generators=2)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in metric.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return metric
+
+
+def oracle_cross_head(metric: CrossHeadMetric, z: torch.Tensor, layer_idx: int, mask: str) -> torch.Tensor:
+    """C(z) written out from the generator's weights: I + W2 gelu(W1 z + b1) + b2, then the ablation mask."""
+    generator = metric.generators[layer_idx]
+    hidden = F.gelu(z @ generator.fc_in.weight.T + generator.fc_in.bias)
+    offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).reshape(*z.shape[:-1], HEADS, HEADS)
+    eye = torch.eye(HEADS)
+    if mask == "full":
+        return eye + offsets
+    if mask == "diagonal":
+        return eye * (1 + offsets)
+    return offsets * (1 - eye)
+
+
+def oracle_scores(query, key, x, metric, layer_idx, context, mask):
+    """S[b, i, t, s] = sum_j C_ij(z) <q_i[t], k_j[s]>, with z chosen by the context, one head pair at a time."""
+    scores = torch.zeros(BATCH, HEADS, SEQ, SEQ)
+    for b in range(BATCH):
+        for t in range(SEQ):
+            for s in range(SEQ):
+                z = {"token": x[b, s], "query": x[b, t], "sequence": x[b].mean(0)}[context]
+                cross_head = oracle_cross_head(metric, z, layer_idx, mask)
+                for i in range(HEADS):
+                    for j in range(HEADS):
+                        scores[b, i, t, s] += cross_head[i, j] * (query[b, i, t] @ key[b, j, s])
+    return scores
+
+
+@pytest.mark.parametrize("context", ["token", "sequence", "query"])
+@pytest.mark.parametrize("mask", ["full", "diagonal", "offdiagonal"])
+def test_query_key_scores_match_head_pair_oracle(context, mask):
+    metric = random_metric()
+    query, key = torch.randn(2, BATCH, HEADS, SEQ, HEAD_DIM)
+    x = torch.randn(BATCH, SEQ, HIDDEN)
+    layer_idx = 1
+    mixed_query, mixed_key = cross_head_query_key(
+        query, key, x, metric, layer_idx=layer_idx, metric_context=context, metric_mask=mask
+    )
+    scores = mixed_query @ expand_shared_key(mixed_key, HEADS).transpose(-1, -2)
+    expected = oracle_scores(query, key, x, metric, layer_idx, context, mask)
+    torch.testing.assert_close(scores, expected, rtol=1e-4, atol=1e-4)
+    # Sanity: the random metric really is far from the identity, so the test could tell DAMCHA from MHA.
+    assert not torch.allclose(expected, query @ key.transpose(-1, -2), atol=1e-2)
+
+
+def test_zero_generator_is_identity_and_mha_scores():
+    metric = CrossHeadMetric(HIDDEN, HEADS, metric_hidden_size=8)
+    x = torch.randn(BATCH, SEQ, HIDDEN)
+    torch.testing.assert_close(metric(x), torch.eye(HEADS).expand(BATCH, SEQ, HEADS, HEADS))
+    query, key = torch.randn(2, BATCH, HEADS, SEQ, HEAD_DIM)
+    for context in ("token", "sequence", "query"):
+        mixed_query, mixed_key = cross_head_query_key(query, key, x, metric, layer_idx=0, metric_context=context)
+        scores = mixed_query @ expand_shared_key(mixed_key, HEADS).transpose(-1, -2)
+        torch.testing.assert_close(scores, query @ key.transpose(-1, -2), rtol=0, atol=1e-6)
+
+
+def test_per_layer_generators_differ_and_stack_generator_is_shared():
+    layered = random_metric()
+    x = torch.randn(BATCH, SEQ, HIDDEN)
+    assert not torch.allclose(layered(x, 0), layered(x, 1))
+    stack = CrossHeadMetric(HIDDEN, HEADS, metric_hidden_size=8, num_generators=1)
+    torch.nn.init.normal_(stack.generators[0].fc_out.weight)
+    torch.testing.assert_close(stack(x, 0), stack(x, 5))
+
+
+def test_unknown_context_and_mask_name_the_field():
+    metric = random_metric()
+    query, key = torch.randn(2, BATCH, HEADS, SEQ, HEAD_DIM)
+    x = torch.randn(BATCH, SEQ, HIDDEN)
+    with pytest.raises(ValueError, match="metric_context"):
+        cross_head_query_key(query, key, x, metric, layer_idx=0, metric_context="keys")
+    with pytest.raises(ValueError, match="metric_mask"):
+        metric(x, 0, "upper")
+
+
+def test_scaled_softmax_attention_over_mixed_keys_is_ordinary_attention():
+    """Key-side mixing hands the backend an ordinary (Q, K~, V): SDPA on it equals softmax(S / sqrt(d_h)) V."""
+    metric = random_metric()
+    query, key, value = torch.randn(3, BATCH, HEADS, SEQ, HEAD_DIM)
+    x = torch.randn(BATCH, SEQ, HIDDEN)
+    for context in ("token", "query"):
+        mixed_query, mixed_key = cross_head_query_key(query, key, x, metric, layer_idx=0, metric_context=context)
+        mixed_key = expand_shared_key(mixed_key, HEADS)
+        out = F.scaled_dot_product_attention(mixed_query, mixed_key, value, scale=1 / math.sqrt(HEAD_DIM))
+        weights = torch.softmax(oracle_scores(query, key, x, metric, 0, context, "full") / math.sqrt(HEAD_DIM), -1)
+        torch.testing.assert_close(out, weights @ value, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,419 @@
+"""Data helpers shared by the recipes and `damcha-hf demo`: tokenizers, text corpora, images.
+
+Text:
+    byte_level_tokenizer()            a `PreTrainedTokenizerFast` over the 256 bytes (id == byte value) plus
+                                      `<|endoftext|>`; saves with `save_pretrained`, loads with `AutoTokenizer`
+    train_bpe_tokenizer(texts, n)     a byte-level BPE tokenizer trained with `tokenizers`
+    token_byte_lengths(tokenizer)     how many UTF-8 bytes each token id stands for (bits-per-byte accounting)
+    load_text_corpus(data)            a `datasets.DatasetDict` (train / validation) from a file, folder, glob,
+                                      `"stdlib"` (the Python standard library's sources, on every machine) or
+                                      `"gcide"` (the GCIDE dictionary, read through gzip)
+    group_into_blocks(...)            tokenised, concatenated, cut into `block_size` blocks for causal LM
+    check_tokenizer_matches_model(tokenizer, config)
+
+Images:
+    load_fashion_mnist(folder, split) the Fashion-MNIST idx files as a `datasets.Dataset` of PIL images + labels
+    load_image_folder(path)           `datasets`' `imagefolder` loader, with the checks it lacks
+
+Every loader fails with an error that names the bad argument and the fix: a missing path, an empty corpus, a
+dataset without the named column, a tokenizer with more ids than the model has embeddings.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+import random
+import struct
+import sysconfig
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import datasets
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+END_OF_TEXT = "<|endoftext|>"
+NUM_BYTES = 256
+BYTE_LEVEL_VOCAB_SIZE = NUM_BYTES + 1  # the bytes, then <|endoftext|> (also used as BOS and padding)
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+FASHION_MNIST_LABELS = [
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+]  # fmt: skip
+GCIDE_PATH = "/usr/share/dictd/gcide.dict.dz"
+
+# Folders of the standard library that are not its own library text: the test suite (20 MB of fixtures, much of it
+# generated), IDLE, lib2to3 and third-party packages.
+_STDLIB_EXCLUDED_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "__pycache__"}
+
+
+# --------------------------------------------------------------------------------------------------- tokenizers
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table, which `tokenizers`' ByteLevel pre-tokenizer uses."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    mapping, shifted = {}, 0
+    for byte in range(NUM_BYTES):
+        if byte in printable:
+            mapping[byte] = chr(byte)
+        else:
+            mapping[byte] = chr(NUM_BYTES + shifted)
+            shifted += 1
+    return mapping
+
+
+def _wrap(tokenizer: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=END_OF_TEXT,
+        eos_token=END_OF_TEXT,
+        unk_token=None,
+        pad_token=END_OF_TEXT,
+        model_max_length=model_max_length,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def byte_level_tokenizer(model_max_length: int = 1_000_000) -> PreTrainedTokenizerFast:
+    """A tokenizer whose id for each UTF-8 byte is the byte's value, plus `<|endoftext|>` (id 256).
+
+    Built with `tokenizers` (a BPE model with no merges over GPT-2's byte alphabet), so it is an ordinary fast
+    tokenizer: `save_pretrained` writes `tokenizer.json` and `AutoTokenizer.from_pretrained` loads it back, with no
+    custom code. Every text round-trips exactly, and one token is one byte, so the loss in bits per token is the
+    bits per byte (the enwik8 measure).
+    """
+    alphabet = bytes_to_unicode()
+    vocab = {alphabet[byte]: byte for byte in range(NUM_BYTES)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    # No regex split: a byte-level model needs no word boundaries, and `add_prefix_space` would add bytes.
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    tokenizer.add_special_tokens([END_OF_TEXT])
+    return _wrap(tokenizer, model_max_length)
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2, model_max_length: int = 1_000_000
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer (GPT-2's scheme) on `texts` with `tokenizers`; `<|endoftext|>` is id 0.
+
+    The 256 byte symbols are always in the vocabulary, so no text is ever out of vocabulary.
+    """
+    if vocab_size < NUM_BYTES + 1:
+        raise ValueError(
+            f"train_bpe_tokenizer: `vocab_size` ({vocab_size}) must be at least {NUM_BYTES + 1} (the 256 bytes and "
+            "<|endoftext|>); use the byte-level tokenizer for exactly that, or ask for more (e.g. 4096)."
+        )
+    tokenizer = Tokenizer(models.BPE(unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return _wrap(tokenizer, model_max_length)
+
+
+def token_byte_lengths(tokenizer) -> np.ndarray:
+    """`lengths[id]`: the number of UTF-8 bytes token `id` stands for (0 for special tokens).
+
+    Exact for byte-level tokenizers (the byte-level and BPE tokenizers above, GPT-2's); for other tokenizers the
+    decoded text's UTF-8 length. Used to turn a loss in nats per token into bits per byte.
+    """
+    byte_of_char = {char: byte for byte, char in bytes_to_unicode().items()}
+    special_ids = set(tokenizer.all_special_ids)
+    lengths = np.zeros(len(tokenizer), dtype=np.int64)
+    for token_id, token in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))):
+        if token_id in special_ids or token is None:
+            continue
+        if all(char in byte_of_char for char in token):
+            lengths[token_id] = len(token)
+        else:
+            lengths[token_id] = len(tokenizer.decode([token_id]).encode("utf-8"))
+    return lengths
+
+
+def check_tokenizer_matches_model(tokenizer, config) -> None:
+    """Raise if the tokenizer can produce ids the model has no embedding for."""
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(
+            f"The tokenizer has {len(tokenizer)} tokens but the model's `vocab_size` is {config.vocab_size}: ids "
+            f"{config.vocab_size}..{len(tokenizer) - 1} would index past the embedding table. Build the model with "
+            f"`vocab_size={len(tokenizer)}` (or more), or use the tokenizer the model was trained with."
+        )
+
+
+# ------------------------------------------------------------------------------------------------------ corpora
+
+
+def stdlib_corpus_files() -> list[str]:
+    """The `*.py` files of the running Python's standard library (its code and docstrings), sorted by path.
+
+    Every machine with Python has them, which makes them the default corpus of `damcha-hf demo`: about 600 files,
+    11 MB, once the test suite, IDLE, lib2to3 and third-party packages are left out.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [
+        str(path)
+        for path in root.rglob("*.py")
+        if not _STDLIB_EXCLUDED_DIRS.intersection(path.relative_to(root).parts[:-1])
+    ]
+    if not files:
+        raise FileNotFoundError(f"No standard-library sources (*.py) found under {root}; pass a text file instead.")
+    return sorted(files)
+
+
+def resolve_text_files(data: str | os.PathLike | Sequence[str], pattern: str = "**/*.txt") -> list[str]:
+    """A file, a folder (its files matching `pattern`, recursively), a glob, or a list of those -> sorted file paths."""
+    if isinstance(data, (list, tuple)):
+        return [file for item in data for file in resolve_text_files(item, pattern)]
+    data = str(data)
+    if os.path.isfile(data):
+        return [data]
+    if os.path.isdir(data):
+        files = sorted(f for f in glob.glob(os.path.join(data, pattern), recursive=True) if os.path.isfile(f))
+        if not files:
+            raise FileNotFoundError(
+                f"The data folder {data!r} has no files matching {pattern!r}; put text files there or pass a "
+                "different file pattern."
+            )
+        return files
+    if glob.has_magic(data):
+        files = sorted(f for f in glob.glob(data, recursive=True) if os.path.isfile(f))
+        if files:
+            return files
+    raise FileNotFoundError(
+        f"Data path {data!r} does not exist. Pass an existing text file, a folder of .txt files, a glob such as "
+        "'corpus/*.txt', 'stdlib' (the Python standard library's sources) or 'gcide'."
+    )
+
+
+def read_gcide(path: str = GCIDE_PATH, max_bytes: int | None = None) -> str:
+    """The GCIDE dictionary text (a dictd `.dict.dz` file is gzip-compatible), as one string."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"GCIDE dictionary not found at {path!r}; install dict-gcide or pass another file.")
+    with gzip.open(path, "rb") as handle:
+        raw = handle.read(max_bytes if max_bytes is not None else -1)
+    return raw.decode("utf-8", errors="ignore")
+
+
+def _split_train_validation(
+    dataset: datasets.Dataset, validation_fraction: float, seed: int, shuffle: bool
+) -> datasets.DatasetDict:
+    if not 0 < validation_fraction < 1:
+        raise ValueError(f"`validation_fraction` must be between 0 and 1 (exclusive), got {validation_fraction}.")
+    if len(dataset) < 2:
+        raise ValueError(
+            "The corpus has a single document, too few to hold out a validation split; give more than one file, "
+            "or one file with several lines."
+        )
+    num_validation = min(len(dataset) - 1, max(1, round(len(dataset) * validation_fraction)))
+    if shuffle:
+        split = dataset.train_test_split(test_size=num_validation, seed=seed, shuffle=True)
+        return datasets.DatasetDict(train=split["train"], validation=split["test"])
+    # Lines of one text: hold out the contiguous tail, so no validation line sits between training lines.
+    num_train = len(dataset) - num_validation
+    return datasets.DatasetDict(
+        train=dataset.select(range(num_train)), validation=dataset.select(range(num_train, len(dataset)))
+    )
+
+
+def load_text_corpus(
+    data: str | os.PathLike | Sequence[str] = "stdlib",
+    *,
+    validation_fraction: float = 0.05,
+    seed: int = 0,
+    max_bytes: int | None = None,
+    pattern: str = "**/*.txt",
+) -> datasets.DatasetDict:
+    """Load text into a `DatasetDict` with `train` and `validation` splits of a `"text"` column.
+
+    Args:
+        data: `"stdlib"` (the Python standard library's sources, one document per file), `"gcide"` (the GCIDE
+            dictionary), a text file (one row per line, line breaks kept, so the rows concatenate back to the
+            file), a folder (its files matching `pattern`, one document per file), a glob, or a list of files.
+        validation_fraction: share of documents (shuffled with `seed`) or of lines (the file's tail) held out.
+        max_bytes: keep only about this many bytes of text (whole documents/lines), for quick runs.
+    """
+    if str(data) == "gcide":
+        lines = read_gcide(max_bytes=max_bytes).splitlines(keepends=True)
+        dataset = datasets.Dataset.from_dict({"text": lines})
+        documents = False
+    else:
+        files = stdlib_corpus_files() if str(data) == "stdlib" else resolve_text_files(data, pattern)
+        documents = len(files) > 1
+        if documents and max_bytes is not None:
+            # Pick whole files at random (seeded) until the budget is met, so a small slice still spans the corpus.
+            shuffled = random.Random(seed).sample(files, len(files))
+            files, total = [], 0
+            for file in shuffled:
+                if total >= max_bytes:
+                    break
+                files.append(file)
+                total += os.path.getsize(file)
+            files.sort()
+        dataset = datasets.load_dataset(
+            "text",
+            data_files={"train": files},
+            sample_by="document" if documents else "line",
+            keep_linebreaks=True,
+            encoding_errors="replace",
+            split="train",
+        )
+        if not documents and max_bytes is not None:
+            lengths = np.cumsum([len(line.encode("utf-8")) for line in dataset["text"]])
+            dataset = dataset.select(range(max(1, int(np.searchsorted(lengths, max_bytes)))))
+    dataset = dataset.filter(lambda row: len(row["text"]) > 0)
+    if len(dataset) == 0 or not any(text.strip() for text in dataset["text"][:1000]):
+        raise ValueError(f"The corpus {str(data)!r} is empty (no text found); point `--data` at a file with text in it.")
+    return _split_train_validation(dataset, validation_fraction, seed, shuffle=documents)
+
+
+def check_column(dataset, column: str, option: str = "--text-column") -> None:
+    """Raise if `dataset` (a `Dataset` or `DatasetDict`) lacks `column`, listing the columns it has."""
+    splits = dataset.values() if isinstance(dataset, datasets.DatasetDict) else [dataset]
+    for split in splits:
+        if column not in split.column_names:
+            raise ValueError(
+                f"The dataset has no column {column!r}; its columns are {split.column_names}. "
+                f"Name the right one with `{option}`."
+            )
+
+
+def group_into_blocks(
+    dataset: datasets.Dataset | datasets.DatasetDict,
+    tokenizer,
+    block_size: int,
+    *,
+    column: str = "text",
+    separate_documents: bool = True,
+    max_blocks: int | None = None,
+    num_proc: int | None = None,
+) -> datasets.Dataset | datasets.DatasetDict:
+    """Tokenise `column`, concatenate everything and cut it into `block_size` blocks of `input_ids` and `labels`.
+
+    With `separate_documents`, `eos_token` follows each row (right for one document per row, not for lines). The
+    tail shorter than a block is dropped, as in the transformers examples.
+    """
+    if block_size < 2:
+        raise ValueError(f"`block_size` must be at least 2 (a token and its successor), got {block_size}.")
+    check_column(dataset, column)
+    if isinstance(dataset, datasets.DatasetDict):
+        return datasets.DatasetDict(
+            {
+                name: group_into_blocks(
+                    split, tokenizer, block_size, column=column, separate_documents=separate_documents,
+                    max_blocks=max_blocks, num_proc=num_proc,
+                )
+                for name, split in dataset.items()
+            }
+        )  # fmt: skip
+    suffix = tokenizer.eos_token if separate_documents and tokenizer.eos_token else ""
+
+    def tokenize(batch):
+        encoded = tokenizer([text + suffix for text in batch[column]], add_special_tokens=False)
+        return {"input_ids": encoded["input_ids"]}
+
+    def group(batch):
+        concatenated = [token for ids in batch["input_ids"] for token in ids]
+        usable = len(concatenated) // block_size * block_size
+        blocks = [concatenated[start : start + block_size] for start in range(0, usable, block_size)]
+        return {"input_ids": blocks, "labels": [list(block) for block in blocks]}
+
+    tokenized = dataset.map(tokenize, batched=True, remove_columns=dataset.column_names, num_proc=num_proc)
+    # Large batches: the tail of each batch (< one block) is dropped, so bigger batches waste less.
+    grouped = tokenized.map(group, batched=True, batch_size=2000, num_proc=num_proc)
+    if len(grouped) == 0:
+        total = sum(len(ids) for ids in tokenized["input_ids"])
+        raise ValueError(
+            f"The corpus has {total} tokens, fewer than one block of `block_size={block_size}`; give more text or "
+            "a smaller block size."
+        )
+    if max_blocks is not None and len(grouped) > max_blocks:
+        grouped = grouped.select(range(max_blocks))
+    return grouped
+
+
+# ------------------------------------------------------------------------------------------------------- images
+
+
+def _read_idx(path: str) -> np.ndarray:
+    """An idx file (the MNIST format: magic, dimension sizes, big-endian; `.gz` or plain) as a numpy array."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"idx file {path!r} not found; pass the folder that holds the Fashion-MNIST files.")
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as handle:
+        data = handle.read()
+    zero, dtype_code, num_dims = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype_code != 0x08:
+        raise ValueError(f"{path!r} is not an unsigned-byte idx file (magic {data[:4].hex()}).")
+    shape = struct.unpack(f">{num_dims}I", data[4 : 4 + 4 * num_dims])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * num_dims).reshape(shape)
+
+
+def load_fashion_mnist(
+    folder: str = FASHION_MNIST_DIR, split: str = "train", *, max_samples: int | None = None
+) -> datasets.Dataset:
+    """Fashion-MNIST from its idx files: a `Dataset` with an `image` (28x28 grayscale PIL) and a `label` column.
+
+    `split` is `"train"` (60,000 images) or `"test"` (10,000; the `t10k-*` files).
+    """
+    from PIL import Image
+
+    prefix = {"train": "train", "test": "t10k"}.get(split)
+    if prefix is None:
+        raise ValueError(f"Fashion-MNIST `split` must be 'train' or 't10k'/'test', got {split!r}.")
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"Fashion-MNIST folder {folder!r} does not exist; pass the folder with the idx files.")
+
+    def find(kind: str) -> str:
+        for name in (f"{prefix}-{kind}-ubyte.gz", f"{prefix}-{kind}-ubyte"):
+            if os.path.isfile(os.path.join(folder, name)):
+                return os.path.join(folder, name)
+        raise FileNotFoundError(f"{folder!r} has no {prefix}-{kind}-ubyte(.gz) file.")
+
+    images, labels = _read_idx(find("images-idx3")), _read_idx(find("labels-idx1"))
+    if len(images) != len(labels):
+        raise ValueError(f"Fashion-MNIST {split}: {len(images)} images but {len(labels)} labels.")
+    if max_samples is not None:
+        images, labels = images[:max_samples], labels[:max_samples]
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=FASHION_MNIST_LABELS)}
+    )
+    return datasets.Dataset.from_dict(
+        {"image": [Image.fromarray(array, mode="L") for array in images], "label": labels.tolist()},
+        features=features,
+    )
+
+
+def load_image_folder(path: str, *, validation_fraction: float = 0.1, seed: int = 0) -> datasets.DatasetDict:
+    """An image-classification folder (`path/<label>/<image>`, or with `train/` and `validation/`/`test/` inside)
+    through `datasets`' `imagefolder` loader, with `train` and `validation` splits and a `label` column."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"Image folder {path!r} does not exist; pass a folder laid out as <folder>/<label>/<image files>."
+        )
+    loaded = datasets.load_dataset("imagefolder", data_dir=path)
+    check_column(loaded, "label", option="an image folder laid out as <folder>/<label>/<image> (no labels found)")
+    if "validation" not in loaded and "test" in loaded:
+        loaded["validation"] = loaded.pop("test")
+    if "validation" not in loaded:
+        try:
+            split = loaded["train"].train_test_split(
+                test_size=validation_fraction, seed=seed, stratify_by_column="label"
+            )
+        except ValueError:  # too few images per class to stratify
+            split = loaded["train"].train_test_split(test_size=validation_fraction, seed=seed)
+        loaded = datasets.DatasetDict(train=split["train"], validation=split["test"])
+    return loaded

@@ -75,6 +75,16 @@ class DamchaGPT2Block(GPT2Block):
         self.attn = DamchaGPT2Attention(config=config, layer_idx=layer_idx)
 
 
+# Every Auto class of the family. transformers' `save_pretrained` writes only the saved class into `auto_map`; listing
+# them all lets a checkpoint of any head load with every Auto class under `trust_remote_code=True`.
+DAMCHA_GPT2_AUTO_MAP = {
+    "AutoConfig": "configuration_damcha_gpt2.DamchaGPT2Config",
+    "AutoModel": "modeling_damcha_gpt2.DamchaGPT2Model",
+    "AutoModelForCausalLM": "modeling_damcha_gpt2.DamchaGPT2LMHeadModel",
+    "AutoModelForSequenceClassification": "modeling_damcha_gpt2.DamchaGPT2ForSequenceClassification",
+}
+
+
 class DamchaGPT2PreTrainedModel(GPT2PreTrainedModel):
     config_class = DamchaGPT2Config
     config: DamchaGPT2Config
@@ -87,6 +97,11 @@ class DamchaGPT2PreTrainedModel(GPT2PreTrainedModel):
     def _init_weights(self, module):
         super()._init_weights(module)
         init_metric_generator(module)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        if self.is_remote_code():  # registered for remote code: the model files are copied next to the weights
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **DAMCHA_GPT2_AUTO_MAP}
+        return super().save_pretrained(save_directory, *args, **kwargs)
 
 
 class DamchaGPT2Model(DamchaGPT2PreTrainedModel, GPT2Model):

@@ -1,0 +1,159 @@
+"""Remote code: a saved checkpoint carries `auto_map` and its code, and loads where `damcha_hf` cannot be imported."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from conftest import randomize_metric, tiny_damcha_gpt2_config
+
+import damcha_hf
+from damcha_hf.registration import AUTO_CLASS_TABLE
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Runs in a fresh interpreter (`python -I`: no PYTHONPATH, no cwd on the path) with the plugin made unimportable, so
+# that only the files copied next to the weights can define the model.
+FRESH_PROCESS_LOADER = textwrap.dedent(
+    """
+    import sys
+
+    sys.modules["damcha_hf"] = None  # `import damcha_hf` (and its submodules) now raises ImportError
+    sys.path = [entry for entry in sys.path if entry.rstrip("/") not in ("", {repo_root!r})]  # no source checkout
+
+    import torch
+    import transformers
+
+    folder, inputs_file, output_file, *auto_class_names = sys.argv[1:]
+    inputs = torch.load(inputs_file)
+    report = {{"classes": {{}}}}
+    for index, auto_class_name in enumerate(auto_class_names):
+        model = getattr(transformers, auto_class_name).from_pretrained(folder, trust_remote_code=True)
+        report["classes"][auto_class_name] = (type(model).__module__, type(model).__name__)
+        if index == 0:
+            model.eval()
+            with torch.no_grad():
+                report["logits"] = model(**inputs).logits
+    try:
+        import damcha_hf  # noqa: F401
+        report["damcha_hf_importable"] = True
+    except ImportError:
+        report["damcha_hf_importable"] = False
+    report["plugin_modules"] = sorted(name for name in sys.modules if name.startswith("damcha_hf") and sys.modules[name])
+    torch.save(report, output_file)
+    """
+)
+
+
+def load_in_fresh_process(folder: Path, inputs: dict, auto_class_names: list[str], work_dir: Path) -> dict:
+    """Load `folder` with each Auto class and `trust_remote_code=True` in a new interpreter without the plugin.
+
+    Returns the loaded class of each Auto class, the first one's logits on `inputs`, and whether damcha_hf was
+    importable there. HF_HOME and the dynamic-module cache live in `work_dir`, and the Hub is offline.
+    """
+    work_dir.mkdir(parents=True, exist_ok=True)
+    script = work_dir / "load_without_plugin.py"
+    script.write_text(FRESH_PROCESS_LOADER.format(repo_root=str(REPO_ROOT)))
+    inputs_file, output_file = work_dir / "inputs.pt", work_dir / "report.pt"
+    torch.save(inputs, inputs_file)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "HF_", "TRANSFORMERS_"))}
+    env.update(
+        HF_HOME=str(work_dir / "hf_home"),
+        HF_MODULES_CACHE=str(work_dir / "hf_modules"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        # The same thread count as this process, so that the CPU kernels reduce in the same order: identical logits.
+        OMP_NUM_THREADS=str(torch.get_num_threads()),
+    )
+    completed = subprocess.run(
+        [sys.executable, "-I", str(script), str(folder), str(inputs_file), str(output_file), *auto_class_names],
+        cwd=work_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return torch.load(output_file)
+
+
+def expected_auto_map(config_class) -> dict[str, str]:
+    """The `auto_map` a checkpoint of this family must carry: every Auto class of AUTO_CLASS_TABLE, by file name."""
+    (model_classes,) = [models for config, models in AUTO_CLASS_TABLE if config is config_class]
+
+    def reference(cls) -> str:
+        return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+
+    auto_map = {"AutoConfig": reference(config_class)}
+    auto_map.update({auto_class.__name__: reference(model_class) for auto_class, model_class in model_classes})
+    return auto_map
+
+
+ALLOWED_TOP_LEVEL_IMPORTS = {"torch", "transformers", "huggingface_hub", "collections", "functools", "math", "typing",
+                             "dataclasses", "warnings", "__future__"}  # fmt: skip
+
+
+def imported_packages(source: str) -> tuple[set[str], list[str]]:
+    """(absolute top-level packages, relative module names) a Python source imports."""
+    absolute, relative = set(), []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            absolute.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                assert node.level == 1, f"only single-dot relative imports work as remote code: {ast.unparse(node)}"
+                relative.append(node.module)
+            else:
+                absolute.add(node.module.split(".")[0])
+    return absolute, relative
+
+
+GPT2_CLASSES = [damcha_hf.DamchaGPT2Model, damcha_hf.DamchaGPT2LMHeadModel, damcha_hf.DamchaGPT2ForSequenceClassification]
+
+
+@pytest.mark.parametrize("model_class", GPT2_CLASSES, ids=lambda cls: cls.__name__)
+def test_auto_map_lists_the_whole_family_whichever_class_is_saved(model_class, tmp_path):
+    model_class(tiny_damcha_gpt2_config()).save_pretrained(tmp_path)
+    auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    assert auto_map == expected_auto_map(damcha_hf.DamchaGPT2Config)
+    assert set(auto_map) >= {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"}
+    # Every referenced class is defined in a file that was copied next to the weights, and that file's relative
+    # imports were copied too; nothing imports more than torch, transformers, huggingface_hub and the stdlib.
+    python_files = {path.name: path.read_text() for path in tmp_path.glob("*.py")}
+    for reference in auto_map.values():
+        module, class_name = reference.split(".")
+        assert f"class {class_name}(" in python_files[f"{module}.py"]
+    for name, source in python_files.items():
+        absolute, relative = imported_packages(source)
+        assert absolute <= ALLOWED_TOP_LEVEL_IMPORTS, f"{name} imports {absolute - ALLOWED_TOP_LEVEL_IMPORTS}"
+        assert all(f"{module}.py" in python_files for module in relative), (name, relative)
+        assert "damcha_hf" not in source.replace("damcha_hf.modeling", "")
+
+
+def test_gpt2_checkpoint_loads_with_trust_remote_code_without_the_plugin(tmp_path):
+    model = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config()).eval()
+    randomize_metric(model)  # a non-identity C, so the copied metric code must really run
+    folder = tmp_path / "checkpoint"
+    model.save_pretrained(folder)
+    inputs = {"input_ids": torch.randint(0, model.config.vocab_size, (2, 11))}
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    vanilla = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
+    with torch.no_grad():
+        assert not torch.allclose(vanilla(**inputs).logits, expected, atol=1e-3)  # the metric matters here
+
+    auto_classes = ["AutoModelForCausalLM", "AutoModel", "AutoModelForSequenceClassification"]
+    report = load_in_fresh_process(folder, inputs, auto_classes, tmp_path / "fresh")
+
+    assert report["damcha_hf_importable"] is False and report["plugin_modules"] == []
+    for auto_class, expected_class in zip(auto_classes, GPT2_CLASSES[1:2] + GPT2_CLASSES[:1] + GPT2_CLASSES[2:]):
+        module, class_name = report["classes"][auto_class]
+        assert class_name == expected_class.__name__
+        assert module.startswith("transformers_modules.") and module.endswith(".modeling_damcha_gpt2")
+    assert torch.equal(report["logits"], expected)

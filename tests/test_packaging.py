@@ -1,0 +1,42 @@
+"""The built wheel installs everything under the `damcha_hf` namespace, with the model files and metric modules."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
+    (path,) = out.glob("damcha_hf-*.whl")
+    return zipfile.ZipFile(path)
+
+
+@pytest.fixture(scope="module")
+def wheel_names(wheel) -> list[str]:
+    return wheel.namelist()
+
+
+def test_no_generic_top_level_name_lands_in_site_packages(wheel_names):
+    top_level = {name.split("/")[0] for name in wheel_names}
+    assert {name for name in top_level if not name.endswith(".dist-info")} == {"damcha_hf"}
+
+
+def test_model_files_install_as_damcha_hf_modeling(wheel_names):
+    for module in ("damcha_attention.py", "configuration_damcha_gpt2.py", "modeling_damcha_gpt2.py"):
+        assert f"damcha_hf/modeling/{module}" in wheel_names
+
+
+def test_console_script_is_declared(wheel, wheel_names):
+    (entry_points,) = [name for name in wheel_names if name.endswith("entry_points.txt")]
+    assert "damcha-hf = damcha_hf.cli:main" in wheel.read(entry_points).decode()

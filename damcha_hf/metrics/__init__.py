@@ -29,4 +29,59 @@ def load_metric(name: str, config_name: str | None = None, **kwargs):
     return evaluate.load(metric_path(name), config_name, **kwargs)
 
 
-__all__ = ["METRIC_NAMES", "metric_path", "load_metric"]
+
+
+
+def causal_lm_token_nll(logits, labels, ignore_index: int = -100):
+    """Per-position NLL (nats) of next-token prediction: `(batch, seq - 1)`, 0 where the label is ignored.
+
+    Use as a `Trainer`'s `preprocess_logits_for_metrics`, so evaluation keeps one float per token instead of the
+    full `(batch, seq, vocab)` logits.
+    """
+    import torch
+
+    if isinstance(logits, tuple):
+        logits = logits[0]
+    shifted_labels = labels[:, 1:]
+    nll = torch.nn.functional.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(), shifted_labels.flatten(), ignore_index=ignore_index, reduction="none"
+    )
+    return nll.view_as(shifted_labels)
+
+
+def causal_lm_compute_metrics(tokenizer=None, ignore_index: int = -100):
+    """A `Trainer` `compute_metrics` for outputs of `causal_lm_token_nll`: perplexity and bits per byte, through the
+    shipped evaluate modules. `tokenizer` gives each token's byte length (`None`: one byte per token)."""
+    import numpy as np
+
+    from ..data import token_byte_lengths
+
+    byte_lengths = None if tokenizer is None else token_byte_lengths(tokenizer)
+    perplexity, bits_per_byte = load_metric("perplexity", "nll"), load_metric("bits_per_byte", "nll")
+
+    def compute_metrics(eval_prediction):
+        nll, labels = eval_prediction.predictions, eval_prediction.label_ids
+        nll, shifted_labels = np.asarray(nll, dtype=np.float64), np.asarray(labels)[:, 1:]
+        scored = shifted_labels != ignore_index
+        total_nll, num_tokens = float(nll[scored].sum()), int(scored.sum())
+        num_bytes = num_tokens if byte_lengths is None else int(byte_lengths[shifted_labels[scored]].sum())
+        results = perplexity.compute(predictions=[total_nll], references=[num_tokens])
+        results.update(bits_per_byte.compute(predictions=[total_nll], references=[num_bytes]))
+        return {"perplexity": results["perplexity"], "bits_per_byte": results["bits_per_byte"]}
+
+    return compute_metrics
+
+
+def accuracy_compute_metrics():
+    """A `Trainer` `compute_metrics` for classification logits: top-1 accuracy through the shipped module."""
+    import numpy as np
+
+    accuracy = load_metric("accuracy")
+
+    def compute_metrics(eval_prediction):
+        logits = eval_prediction.predictions
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        return accuracy.compute(predictions=np.argmax(logits, axis=-1), references=eval_prediction.label_ids)
+
+    return compute_metrics
+__all__ = ["METRIC_NAMES", "metric_path", "load_metric", "causal_lm_token_nll", "causal_lm_compute_metrics", "accuracy_compute_metrics"]

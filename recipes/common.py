@@ -1,0 +1,259 @@
+"""Code shared by the recipes in this folder: command-line options, model configs, resuming and saving.
+
+Copy this file along with the recipe you copy. Data loading lives in `damcha_hf.data`, metrics in `damcha_hf.metrics`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+
+import torch
+
+import damcha_hf
+from damcha_hf.modeling.damcha_attention import METRIC_CONTEXTS, METRIC_MASKS, METRIC_SHARINGS
+
+ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+def config_has_field(config_class, field: str) -> bool:
+    try:
+        return hasattr(config_class(), field)
+    except Exception:  # a config that needs arguments: look at its annotations instead
+        return field in getattr(config_class, "__annotations__", {})
+
+
+def add_metric_arguments(parser: argparse.ArgumentParser, config_class) -> None:
+    """Every metric option of a DAMCHA config, as `--metric-*` flags (defaults: the config's own)."""
+    group = parser.add_argument_group("DAMCHA metric (defaults: the config's)")
+    group.add_argument("--metric-context", choices=METRIC_CONTEXTS, help="what the cross-head matrix C depends on")
+    group.add_argument("--metric-mask", choices=METRIC_MASKS, help="the paper's ablation: full, diagonal, offdiagonal")
+    group.add_argument("--metric-sharing", choices=METRIC_SHARINGS, help="one generator per stack or per layer")
+    group.add_argument("--metric-hidden-size", type=int, help="hidden width r of the metric generator MLP")
+    if config_has_field(config_class, "cross_head_variant"):
+        group.add_argument(
+            "--cross-head-variant",
+            help="attention variant: damcha, talking_heads, dcmha, or none (plain multi-head attention)",
+        )
+    group.add_argument(
+        "--attn", choices=ATTENTION_IMPLEMENTATIONS, default="sdpa", help="attention implementation (default: sdpa)"
+    )
+
+
+def metric_options(args: argparse.Namespace) -> dict:
+    """The metric fields set on the command line, as config keyword arguments."""
+    fields = ("metric_context", "metric_mask", "metric_sharing", "metric_hidden_size", "cross_head_variant")
+    return {field: getattr(args, field) for field in fields if getattr(args, field, None) is not None}
+
+
+def add_training_arguments(
+    parser: argparse.ArgumentParser, *, output_dir: str, batch_size: int, learning_rate: float, max_steps: int
+) -> None:
+    group = parser.add_argument_group("training")
+    group.add_argument("--output-dir", default=output_dir, help=f"checkpoints and the final model (default: {output_dir})")
+    group.add_argument("--max-steps", type=int, default=max_steps, help=f"optimizer steps (default: {max_steps})")
+    group.add_argument("--max-train-samples", type=int, help="use only this many training examples (blocks/images)")
+    group.add_argument("--max-eval-samples", type=int, default=256, help="evaluate on at most this many (default: 256)")
+    group.add_argument("--batch-size", type=int, default=batch_size, help=f"per device (default: {batch_size})")
+    group.add_argument("--gradient-accumulation-steps", type=int, default=1)
+    group.add_argument("--learning-rate", type=float, default=learning_rate, help=f"peak (default: {learning_rate})")
+    group.add_argument("--weight-decay", type=float, default=0.01)
+    group.add_argument("--warmup-steps", type=int, default=None, help="linear warm-up (default: 5%% of max steps)")
+    group.add_argument("--logging-steps", type=int, default=10)
+    group.add_argument("--eval-steps", type=int, default=None, help="evaluate every N steps (default: 4 times a run)")
+    group.add_argument("--save-steps", type=int, default=None, help="checkpoint every N steps (default: = eval steps)")
+    group.add_argument("--save-total-limit", type=int, default=2, help="keep at most this many checkpoints")
+    group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--bf16", action="store_true", help="bf16 mixed precision")
+    group.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        help="resume from a checkpoint folder, or (bare `--resume`) from the latest checkpoint in --output-dir",
+    )
+    group.add_argument("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
+
+
+def training_arguments(args: argparse.Namespace, **overrides):
+    """`TrainingArguments` from the shared options."""
+    from transformers import TrainingArguments
+
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    eval_steps = args.eval_steps or max(1, args.max_steps // 4)
+    kwargs = dict(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        warmup_steps=args.warmup_steps if args.warmup_steps is not None else max(1, args.max_steps // 20),
+        lr_scheduler_type="cosine",
+        logging_steps=args.logging_steps,
+        eval_strategy="steps",
+        eval_steps=eval_steps,
+        save_strategy="steps",
+        save_steps=args.save_steps or eval_steps,
+        save_total_limit=args.save_total_limit,
+        seed=args.seed,
+        data_seed=args.seed,
+        bf16=args.bf16,
+        report_to="none",
+        dataloader_num_workers=0,
+        use_cpu=not torch.cuda.is_available(),
+    )
+    kwargs.update(overrides)
+    return TrainingArguments(**kwargs)
+
+
+def resolve_resume(resume: str | None, output_dir: str) -> str | None:
+    """`--resume` -> a checkpoint folder (or None). `latest` picks the newest `checkpoint-N` in `output_dir`."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if resume is None:
+        return None
+    if resume == "latest":
+        checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+        if checkpoint is None:
+            raise FileNotFoundError(
+                f"--resume: no checkpoint-N folder in --output-dir {output_dir!r}; train without --resume first, "
+                "or pass the checkpoint folder."
+            )
+        return checkpoint
+    if not os.path.isfile(os.path.join(resume, "trainer_state.json")):
+        raise FileNotFoundError(
+            f"--resume {resume!r} is not a Trainer checkpoint (no trainer_state.json); pass a checkpoint-N folder."
+        )
+    return resume
+
+
+def gpt2_config(args: argparse.Namespace, vocab_size: int, tokenizer=None):
+    """A DAMCHA (or, with `--model-type gpt2`, plain) GPT-2 config from the size and metric options."""
+    from transformers import GPT2Config
+
+    sizes = dict(
+        vocab_size=vocab_size,
+        n_positions=args.block_size,
+        n_embd=args.n_embd,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        resid_pdrop=args.dropout,
+        embd_pdrop=args.dropout,
+        attn_pdrop=args.dropout,
+    )
+    if tokenizer is not None:
+        sizes.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    if getattr(args, "model_type", "damcha") == "gpt2":
+        config = GPT2Config(**sizes)
+    else:
+        config = damcha_hf.DamchaGPT2Config(**sizes, **metric_options(args))
+    config._attn_implementation = args.attn
+    return config
+
+
+def add_gpt2_size_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model size (new models)")
+    group.add_argument("--model-type", choices=("damcha", "gpt2"), default="damcha",
+                       help="damcha (default) or gpt2 (plain multi-head attention, the baseline)")  # fmt: skip
+    group.add_argument("--n-layer", type=int, default=4)
+    group.add_argument("--n-embd", type=int, default=128)
+    group.add_argument("--n-head", type=int, default=8)
+    group.add_argument("--block-size", type=int, default=128, help="context length in tokens (default: 128)")
+    group.add_argument("--dropout", type=float, default=0.0)
+
+
+def add_text_data_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument(
+        "--data",
+        default="stdlib",
+        help="a text file, folder of .txt files, glob, 'stdlib' (Python's standard library sources; default) or "
+        "'gcide' (the GCIDE dictionary)",
+    )
+    group.add_argument("--file-pattern", default="**/*.txt", help="files to read in a --data folder")
+    group.add_argument("--max-data-bytes", type=int, help="read only about this many bytes of text")
+    group.add_argument("--validation-fraction", type=float, default=0.05)
+    group.add_argument("--tokenizer", default="byte",
+                       help="'byte' (default; bits per byte = bits per token), 'bpe' (trained here), "
+                       "or a saved tokenizer folder")  # fmt: skip
+    group.add_argument("--bpe-vocab-size", type=int, default=4096)
+
+
+def build_tokenizer(args: argparse.Namespace, corpus):
+    from transformers import AutoTokenizer
+
+    from damcha_hf.data import byte_level_tokenizer, train_bpe_tokenizer
+
+    if args.tokenizer == "byte":
+        return byte_level_tokenizer()
+    if args.tokenizer == "bpe":
+        return train_bpe_tokenizer(corpus["train"]["text"], args.bpe_vocab_size)
+    if os.path.isdir(args.tokenizer):
+        return AutoTokenizer.from_pretrained(args.tokenizer)
+    raise ValueError(f"--tokenizer {args.tokenizer!r}: use 'byte', 'bpe' or an existing tokenizer folder.")
+
+
+def language_model_data(args: argparse.Namespace, tokenizer, corpus=None):
+    """(train blocks, validation blocks) from the data options."""
+    from damcha_hf.data import group_into_blocks, load_text_corpus
+
+    if corpus is None:
+        corpus = load_text_corpus(
+            args.data, validation_fraction=args.validation_fraction, seed=args.seed, max_bytes=args.max_data_bytes,
+            pattern=args.file_pattern,
+        )  # fmt: skip
+    # One document per row for folders and 'stdlib'; lines of one text otherwise.
+    separate_documents = args.data == "stdlib" or os.path.isdir(str(args.data))
+    blocks = group_into_blocks(corpus, tokenizer, args.block_size, separate_documents=separate_documents)
+    train, validation = blocks["train"], blocks["validation"]
+    if args.max_train_samples is not None:
+        train = train.select(range(min(args.max_train_samples, len(train))))
+    if args.max_eval_samples is not None:
+        validation = validation.select(range(min(args.max_eval_samples, len(validation))))
+    return train, validation
+
+
+def save_final_model(model, folder: str, *, tokenizer_or_processor=None, log_history=None, **card_fields) -> str:
+    """Save a Hub-ready checkpoint to `folder` (via `damcha_hf.hub.save_hub_checkpoint` when the package has it:
+    weights, config, code, tokenizer or processor, model card, loss curve, metric heatmap). Written to a temporary
+    folder first and renamed into place, so an interrupted save never leaves a half-written checkpoint."""
+    try:
+        from damcha_hf.hub import save_hub_checkpoint
+    except ImportError:
+        save_hub_checkpoint = None
+    if save_hub_checkpoint is not None:
+        save_hub_checkpoint(
+            model, folder, tokenizer_or_processor=tokenizer_or_processor, log_history=log_history, **card_fields
+        )
+        return folder
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".saving-", dir=parent)
+    model.save_pretrained(staging)
+    if tokenizer_or_processor is not None:
+        tokenizer_or_processor.save_pretrained(staging)
+    if log_history is not None:
+        with open(os.path.join(staging, "log_history.json"), "w") as handle:
+            json.dump(log_history, handle, indent=1)
+    replaced = None
+    if os.path.exists(folder):
+        replaced = tempfile.mkdtemp(prefix=".replaced-", dir=parent)
+        os.replace(folder, os.path.join(replaced, "old"))
+    os.replace(staging, folder)
+    if replaced is not None:
+        shutil.rmtree(replaced)
+    return folder
+
+
+def write_json(path: str, payload: dict) -> None:
+    """Write JSON atomically (temporary file, then rename)."""
+    staging = f"{path}.tmp"
+    with open(staging, "w") as handle:
+        json.dump(payload, handle, indent=2)
+    os.replace(staging, path)

@@ -1,0 +1,110 @@
+#!/usr/bin/env python
+"""Pretrain a DAMCHA GPT-2 with the transformers `Trainer` on local text, reporting bits per byte.
+
+    python recipes/train_gpt2.py --data corpus.txt --output-dir runs/gpt2        # byte-level (default)
+    python recipes/train_gpt2.py --data stdlib --tokenizer bpe --max-steps 2000   # BPE trained on the corpus
+    python recipes/train_gpt2.py --data gcide --metric-context query --attn eager
+    python recipes/train_gpt2.py --output-dir runs/gpt2 --resume                  # continue the latest checkpoint
+
+Data (`--data`): a text file, a folder of .txt files, a glob, `stdlib` (the Python standard library's sources, on
+every machine) or `gcide`. The model, its tokenizer and (when `damcha_hf.hub` is present) a model card with a
+loss curve are saved to `<output-dir>/final`; evaluation results go to `<output-dir>/eval_results.json`.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402  (shared recipe code, next to this file)
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, set_seed  # noqa: E402
+
+import damcha_hf  # noqa: E402
+from damcha_hf.data import check_tokenizer_matches_model  # noqa: E402
+from damcha_hf.metrics import causal_lm_compute_metrics, causal_lm_token_nll  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_text_data_arguments(parser)
+    common.add_gpt2_size_arguments(parser)
+    parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model")
+    common.add_metric_arguments(parser, damcha_hf.DamchaGPT2Config)
+    common.add_training_arguments(parser, output_dir="runs/gpt2", batch_size=16, learning_rate=2e-3, max_steps=1000)
+    return parser.parse_args(argv)
+
+
+def build_model(args, tokenizer):
+    if args.init_from:
+        model = AutoModelForCausalLM.from_pretrained(args.init_from, attn_implementation=args.attn)
+    else:
+        model = AutoModelForCausalLM.from_config(common.gpt2_config(args, len(tokenizer), tokenizer))
+    check_tokenizer_matches_model(tokenizer, model.config)
+    if model.config.n_positions < args.block_size:
+        raise ValueError(
+            f"--block-size {args.block_size} exceeds the model's n_positions ({model.config.n_positions}); "
+            "use a smaller --block-size."
+        )
+    return model
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    set_seed(args.seed)
+    resume = common.resolve_resume(args.resume, args.output_dir)
+    if resume and os.path.isfile(os.path.join(resume, "tokenizer.json")):
+        args.tokenizer = resume  # the Trainer saved the tokenizer with the checkpoint: a retrained BPE could differ
+    from damcha_hf.data import load_text_corpus
+
+    corpus = load_text_corpus(
+        args.data, validation_fraction=args.validation_fraction, seed=args.seed, max_bytes=args.max_data_bytes,
+        pattern=args.file_pattern,
+    )  # fmt: skip
+    tokenizer = common.build_tokenizer(args, corpus)
+    train, validation = common.language_model_data(args, tokenizer, corpus)
+    model = build_model(args, tokenizer)
+    print(f"{type(model).__name__}: {model.num_parameters():,} parameters; {len(train)} training blocks of "
+          f"{args.block_size} tokens, {len(validation)} validation blocks")  # fmt: skip
+
+    trainer = Trainer(
+        model=model,
+        args=common.training_arguments(args),
+        train_dataset=train,
+        eval_dataset=validation,
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+        processing_class=tokenizer,
+        compute_metrics=causal_lm_compute_metrics(tokenizer),
+        preprocess_logits_for_metrics=causal_lm_token_nll,
+    )
+    train_result = trainer.train(resume_from_checkpoint=resume)
+    metrics = trainer.evaluate()
+    metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss)
+    print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
+
+    final = os.path.join(args.output_dir, "final")
+    common.save_final_model(
+        trainer.model,
+        final,
+        tokenizer_or_processor=tokenizer,
+        log_history=trainer.state.log_history,
+        **_card_fields(args, trainer, validation),
+    )
+    common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
+    print(f"saved to {final}")
+    return metrics
+
+
+def _card_fields(args, trainer, validation) -> dict:
+    """Extra model-card inputs for `damcha_hf.hub.save_hub_checkpoint` (ignored by the plain save fallback)."""
+    try:
+        from damcha_hf.hub import save_hub_checkpoint  # noqa: F401
+    except ImportError:
+        return {}
+    sample = torch.tensor(validation[: min(4, len(validation))]["input_ids"])
+    return {"datasets": [str(args.data)], "heatmap_inputs": sample}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""Helpers shared by the benchmark scripts: model builders for every row, and small utilities.
+
+The rows are built from whatever the installed `damcha_hf` offers, so the scripts keep running while parts of the
+plugin are still being written: the ViT rows appear once `damcha_hf.DamchaViTConfig` exists, and the baseline rows
+(talking-heads, DCMHA, ...) once the configs have a `cross_head_variant` field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, ViTConfig, ViTForImageClassification
+
+import damcha_hf
+
+GPT2_CONTEXTS = ("token", "query")  # "sequence" is refused by causal models (it would leak future tokens)
+VIT_CONTEXTS = ("sequence", "token", "query")
+
+
+@dataclass
+class Row:
+    """One model of a comparison: `build()` returns a fresh model in train mode."""
+
+    name: str
+    build: Callable[[], torch.nn.Module]
+    kind: str  # "mha", "damcha" or "variant"
+
+
+def has_vit() -> bool:
+    return hasattr(damcha_hf, "DamchaViTConfig") and hasattr(damcha_hf, "DamchaViTForImageClassification")
+
+
+def cross_head_variants(config_class) -> list[str]:
+    """The baseline variants the config offers (besides DAMCHA itself), or [] if it has no `cross_head_variant`."""
+    try:
+        config = config_class(cross_head_variant="damcha")
+    except (TypeError, ValueError):
+        return []
+    if getattr(config, "cross_head_variant", None) != "damcha":
+        return []
+    variants = []
+    for variant in ("talking_heads", "dcmha", "none"):
+        try:
+            config_class(cross_head_variant=variant)
+        except (TypeError, ValueError):
+            continue
+        variants.append(variant)
+    return variants
+
+
+def gpt2_config_kwargs(layers: int, width: int, heads: int, positions: int, vocab: int, dropout: float = 0.0) -> dict:
+    return dict(
+        vocab_size=vocab,
+        n_positions=positions,
+        n_embd=width,
+        n_layer=layers,
+        n_head=heads,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
+
+
+def vit_config_kwargs(image_size, patch_size, channels, layers, width, heads, labels, dropout=0.0) -> dict:
+    return dict(
+        image_size=image_size,
+        patch_size=patch_size,
+        num_channels=channels,
+        hidden_size=width,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * width,
+        num_labels=labels,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
+
+
+def _paired(damcha: torch.nn.Module, reference: torch.nn.Module) -> torch.nn.Module:
+    """Copy every weight the MHA `reference` has into `damcha`, so both start from the same point (paired seeds)."""
+    missing, unexpected = damcha.load_state_dict(reference.state_dict(), strict=False)
+    extra = [key for key in missing if "cross_head" not in key and "talking" not in key and "dcmha" not in key]
+    if unexpected or extra:
+        raise RuntimeError(f"weights of the MHA model did not carry over (missing {extra[:4]}, unexpected {unexpected[:4]})")
+    return damcha
+
+
+def gpt2_rows(
+    config_kwargs: dict,
+    *,
+    contexts=GPT2_CONTEXTS,
+    metric_hidden_size: int = 64,
+    seed: int = 0,
+    variants: bool = True,
+    attn_implementation: str = "sdpa",
+) -> list[Row]:
+    """MHA (vanilla `GPT2LMHeadModel`), DAMCHA per `metric_context`, and the baseline variants when available.
+
+    Every model built for the same `seed` starts from the same GPT-2 weights; DAMCHA's metric generator starts at
+    zero (its input layer from a seeded normal), so at step 0 every row computes the same function.
+    """
+
+    def mha():
+        torch.manual_seed(seed)
+        return GPT2LMHeadModel(GPT2Config(**config_kwargs, attn_implementation=attn_implementation)).train()
+
+    def damcha(**options):
+        def build():
+            reference = mha()
+            torch.manual_seed(seed + 1)
+            config = damcha_hf.DamchaGPT2Config(
+                **config_kwargs, metric_hidden_size=metric_hidden_size, attn_implementation=attn_implementation, **options
+            )
+            model = damcha_hf.DamchaGPT2LMHeadModel(config)
+            return _paired(model, reference).train()
+
+        return build
+
+    rows = [Row("MHA", mha, "mha")]
+    rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
+    if variants:
+        for variant in cross_head_variants(damcha_hf.DamchaGPT2Config):
+            rows.append(Row(f"variant {variant}", damcha(metric_context="token", cross_head_variant=variant), "variant"))
+    return rows
+
+
+def vit_rows(
+    config_kwargs: dict,
+    *,
+    contexts=VIT_CONTEXTS,
+    metric_hidden_size: int = 64,
+    seed: int = 0,
+    variants: bool = True,
+    attn_implementation: str = "sdpa",
+) -> list[Row]:
+    """MHA (vanilla `ViTForImageClassification`), and DAMCHA per context once `damcha_hf` has ViT."""
+
+    def mha():
+        torch.manual_seed(seed)
+        return ViTForImageClassification(ViTConfig(**config_kwargs, attn_implementation=attn_implementation)).train()
+
+    rows = [Row("MHA", mha, "mha")]
+    if not has_vit():
+        return rows
+
+    def damcha(**options):
+        def build():
+            reference = mha()
+            torch.manual_seed(seed + 1)
+            config = damcha_hf.DamchaViTConfig(
+                **config_kwargs, metric_hidden_size=metric_hidden_size, attn_implementation=attn_implementation, **options
+            )
+            model = damcha_hf.DamchaViTForImageClassification(config)
+            return _paired(model, reference).train()
+
+        return build
+
+    rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
+    if variants:
+        for variant in cross_head_variants(damcha_hf.DamchaViTConfig):
+            rows.append(
+                Row(f"variant {variant}", damcha(metric_context="sequence", cross_head_variant=variant), "variant")
+            )
+    return rows
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def write_json_atomic(path: str, payload) -> None:
+    """Write to a temporary file in the same folder and rename, so no half-written file is ever left."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as file:
+            json.dump(payload, file, indent=2)
+            file.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def save_figure_atomic(figure, path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=folder, suffix=".png")
+    os.close(handle)
+    try:
+        figure.savefig(temporary, dpi=110, bbox_inches="tight")
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def format_table(headers: list[str], rows: list[list]) -> str:
+    """A GitHub-markdown table (also readable on a terminal)."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = lambda values: "| " + " | ".join(v.ljust(w) for v, w in zip(values, widths)) + " |"  # noqa: E731
+    out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(r) for r in cells]
+    return "\n".join(out)

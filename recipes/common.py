@@ -111,24 +111,26 @@ def training_arguments(args: argparse.Namespace, **overrides):
     return TrainingArguments(**kwargs)
 
 
-def resolve_resume(resume: str | None, output_dir: str) -> str | None:
-    """`--resume` -> a checkpoint folder (or None). `latest` picks the newest `checkpoint-N` in `output_dir`."""
-    from transformers.trainer_utils import get_last_checkpoint
-
+def resolve_resume(resume: str | None, output_dir: str, marker: str = "trainer_state.json") -> str | None:
+    """`--resume` -> a checkpoint folder (or None). `latest` picks the `checkpoint-N` in `output_dir` with the
+    largest N that holds `marker` (a complete checkpoint)."""
     if resume is None:
         return None
     if resume == "latest":
-        checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-        if checkpoint is None:
+        candidates = []
+        if os.path.isdir(output_dir):
+            for name in os.listdir(output_dir):
+                prefix, _, number = name.partition("-")
+                if prefix == "checkpoint" and number.isdigit() and os.path.isfile(os.path.join(output_dir, name, marker)):
+                    candidates.append((int(number), os.path.join(output_dir, name)))
+        if not candidates:
             raise FileNotFoundError(
-                f"--resume: no checkpoint-N folder in --output-dir {output_dir!r}; train without --resume first, "
-                "or pass the checkpoint folder."
+                f"--resume: no complete checkpoint-N folder in --output-dir {output_dir!r}; train without --resume "
+                "first, or pass the checkpoint folder."
             )
-        return checkpoint
-    if not os.path.isfile(os.path.join(resume, "trainer_state.json")):
-        raise FileNotFoundError(
-            f"--resume {resume!r} is not a Trainer checkpoint (no trainer_state.json); pass a checkpoint-N folder."
-        )
+        return max(candidates)[1]
+    if not os.path.isfile(os.path.join(resume, marker)):
+        raise FileNotFoundError(f"--resume {resume!r} is not a checkpoint of this recipe (no {marker}); pass a checkpoint-N folder.")
     return resume
 
 

@@ -1,0 +1,216 @@
+#!/usr/bin/env python
+"""Pretrain a DAMCHA GPT-2 with a plain Accelerate loop: the same model, data and metrics as `train_gpt2.py`.
+
+One process:
+    accelerate launch --config_file recipes/accelerate_configs/single_process.yaml \
+        recipes/train_gpt2_accelerate.py --data corpus.txt --output-dir runs/gpt2-acc
+Several CPU processes (DDP over gloo; every process keeps identical weights):
+    accelerate launch --config_file recipes/accelerate_configs/cpu_ddp_2proc.yaml recipes/train_gpt2_accelerate.py
+    accelerate launch --multi_gpu --num_processes 2 recipes/train_gpt2_accelerate.py    # the same, without a file
+(`accelerate launch --cpu --num_processes 2` starts ONE process in accelerate 1.x unless it finds `mpirun`: its
+launcher for several local processes is torchrun, which `--multi_gpu` selects; on a machine without GPUs this
+recipe then runs every process on the CPU with the gloo backend.)
+GPUs (DDP), or FSDP sharding the DAMCHA blocks:
+    accelerate launch --config_file recipes/accelerate_configs/multi_gpu.yaml recipes/train_gpt2_accelerate.py
+    accelerate launch --config_file recipes/accelerate_configs/fsdp.yaml recipes/train_gpt2_accelerate.py
+Resume the latest `checkpoint-N` (model, optimizer, scheduler, RNG and data position):
+    accelerate launch ... recipes/train_gpt2_accelerate.py --output-dir runs/gpt2-acc --resume
+
+`--batch-size` is per process. At the end every process writes the SHA-256 of its parameters to
+`<output-dir>/parameter_sha256_rank<N>.txt` (they must all agree under DDP); the main process saves the model and
+tokenizer to `<output-dir>/final` and the evaluation to `<output-dir>/eval_results.json`.
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402  (shared recipe code, next to this file)
+import torch  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+from transformers import AutoModelForCausalLM, default_data_collator, get_scheduler  # noqa: E402
+
+import damcha_hf  # noqa: E402
+from damcha_hf.data import check_tokenizer_matches_model, load_text_corpus, token_byte_lengths  # noqa: E402
+from damcha_hf.metrics import causal_lm_token_nll, load_metric  # noqa: E402
+
+STATE_FILE = "loop_state.json"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_text_data_arguments(parser)
+    common.add_gpt2_size_arguments(parser)
+    common.add_metric_arguments(parser, damcha_hf.DamchaGPT2Config)
+    common.add_training_arguments(
+        parser, output_dir="runs/gpt2-accelerate", batch_size=16, learning_rate=2e-3, max_steps=1000
+    )
+    return parser.parse_args(argv)
+
+
+def parameter_sha256(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, parameter in sorted(model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(parameter.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def evaluate(model, loader, accelerator, byte_lengths: torch.Tensor) -> dict:
+    """Validation perplexity and bits per byte, summed over every process's share before dividing."""
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # nll (nats), tokens, bytes
+    for batch in loader:
+        logits = model(input_ids=batch["input_ids"]).logits
+        nll = causal_lm_token_nll(logits, batch["labels"]).double()
+        targets = batch["labels"][:, 1:]
+        scored = targets != -100
+        totals += torch.stack(
+            [nll[scored].sum(), scored.sum().double(), byte_lengths.to(targets.device)[targets[scored]].sum().double()]
+        )
+    totals = accelerator.reduce(totals, reduction="sum")
+    model.train()
+    total_nll, num_tokens, num_bytes = totals.tolist()
+    results = load_metric("perplexity", "nll").compute(predictions=[total_nll], references=[int(num_tokens)])
+    results.update(load_metric("bits_per_byte", "nll").compute(predictions=[total_nll], references=[int(num_bytes)]))
+    return {"eval_loss": results["mean_nll"], "eval_perplexity": results["perplexity"],
+            "eval_bits_per_byte": results["bits_per_byte"]}  # fmt: skip
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    accelerator = Accelerator(
+        # Without a GPU, run on CPU: several processes then join over gloo (multi-CPU DDP).
+        cpu=not torch.cuda.is_available(),
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        mixed_precision="bf16" if args.bf16 else None,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    set_seed(args.seed)
+    resume = common.resolve_resume(args.resume, args.output_dir, marker=STATE_FILE)
+    if resume and os.path.isfile(os.path.join(resume, "tokenizer.json")):
+        args.tokenizer = resume
+
+    # The main process tokenises first and fills the datasets cache; the others then read it.
+    with accelerator.main_process_first():
+        corpus = load_text_corpus(
+            args.data, validation_fraction=args.validation_fraction, seed=args.seed, max_bytes=args.max_data_bytes,
+            pattern=args.file_pattern,
+        )  # fmt: skip
+        tokenizer = common.build_tokenizer(args, corpus)
+        train, validation = common.language_model_data(args, tokenizer, corpus)
+    train, validation = train.with_format("torch"), validation.with_format("torch")
+
+    model = AutoModelForCausalLM.from_config(common.gpt2_config(args, len(tokenizer), tokenizer))
+    check_tokenizer_matches_model(tokenizer, model.config)
+    accelerator.print(f"{type(model).__name__}: {model.num_parameters():,} parameters; {len(train)} training blocks; "
+                      f"{accelerator.num_processes} process(es)")  # fmt: skip
+
+    train_loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, collate_fn=default_data_collator)
+    eval_loader = DataLoader(validation, batch_size=args.batch_size, collate_fn=default_data_collator)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "ln_" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "ln_" not in n)]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.learning_rate,
+    )
+    warmup = args.warmup_steps if args.warmup_steps is not None else max(1, args.max_steps // 20)
+    # A prepared scheduler steps once per process per optimizer step, so its horizon is scaled to match.
+    scheduler = get_scheduler(
+        "cosine", optimizer, num_warmup_steps=warmup * accelerator.num_processes,
+        num_training_steps=args.max_steps * accelerator.num_processes,
+    )  # fmt: skip
+    model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
+        model, optimizer, train_loader, eval_loader, scheduler
+    )
+    byte_lengths = torch.as_tensor(token_byte_lengths(tokenizer))
+
+    step, log_history = 0, []
+    if resume:
+        accelerator.load_state(resume)
+        with open(os.path.join(resume, STATE_FILE)) as handle:
+            saved = json.load(handle)
+        step, log_history = saved["step"], saved["log_history"]
+        accelerator.print(f"resumed from {resume} at step {step}")
+
+    eval_steps = args.eval_steps or max(1, args.max_steps // 4)
+    save_steps = args.save_steps or eval_steps
+    steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
+    model.train()
+    running_loss, running_count = 0.0, 0
+    while step < args.max_steps:
+        epoch, done_in_epoch = divmod(step, steps_per_epoch)
+        train_loader.set_epoch(epoch)
+        batches = accelerator.skip_first_batches(train_loader, done_in_epoch * args.gradient_accumulation_steps)
+        for batch in batches:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            running_loss += accelerator.reduce(loss.detach(), reduction="mean").item()
+            running_count += 1
+            if not accelerator.sync_gradients:
+                continue
+            step += 1
+            if step % args.logging_steps == 0 or step == args.max_steps:
+                entry = {"step": step, "loss": running_loss / running_count, "learning_rate": scheduler.get_last_lr()[0]}
+                log_history.append(entry)
+                accelerator.print(entry)
+                running_loss, running_count = 0.0, 0
+            if step % eval_steps == 0 or step == args.max_steps:
+                entry = {"step": step, **evaluate(model, eval_loader, accelerator, byte_lengths)}
+                log_history.append(entry)
+                accelerator.print(entry)
+            if step % save_steps == 0 or step == args.max_steps:
+                save_checkpoint(accelerator, tokenizer, args.output_dir, step, log_history)
+            if step >= args.max_steps:
+                break
+
+    results = evaluate(model, eval_loader, accelerator, byte_lengths)
+    results.update(global_step=step, resumed_from=resume, num_processes=accelerator.num_processes)
+    checksum = parameter_sha256(accelerator.unwrap_model(model))
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, f"parameter_sha256_rank{accelerator.process_index}.txt"), "w") as handle:
+        handle.write(checksum + "\n")
+    print(f"[rank {accelerator.process_index}] parameter sha256 {checksum}", flush=True)
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(model)
+    state_dict = accelerator.get_state_dict(model)  # gathers FSDP shards; every process must call it
+    if accelerator.is_main_process:
+        final = os.path.join(args.output_dir, "final")
+        if accelerator.distributed_type == DistributedType.FSDP:  # the unwrapped model holds only this shard
+            unwrapped.save_pretrained(final, state_dict=state_dict)
+            tokenizer.save_pretrained(final)
+        else:
+            common.save_final_model(unwrapped, final, tokenizer_or_processor=tokenizer, log_history=log_history)
+        common.write_json(os.path.join(args.output_dir, "eval_results.json"), results)
+        print(results)
+    accelerator.end_training()
+    return results
+
+
+def save_checkpoint(accelerator, tokenizer, output_dir: str, step: int, log_history: list) -> None:
+    folder = os.path.join(output_dir, f"checkpoint-{step}")
+    accelerator.save_state(folder)
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(folder)
+        common.write_json(os.path.join(folder, STATE_FILE), {"step": step, "log_history": log_history})
+    accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,12 @@
 """damcha-hf: DAMCHA attention for Hugging Face Transformers.
 
 `import damcha_hf` registers every DAMCHA config and model with the Auto classes (`AutoConfig`, `AutoModel`,
-`AutoModelForCausalLM`, `AutoModelForSequenceClassification`, ...), and marks them for remote code so that
-`save_pretrained` writes an `auto_map` and copies the model files next to the weights.
+`AutoModelForCausalLM`, `AutoModelForSequenceClassification`, `AutoModelForImageClassification`, ...), and marks
+them for remote code so that `save_pretrained` writes an `auto_map` and copies the model files next to the weights.
 
 Public API:
     DamchaGPT2Config, DamchaGPT2Model, DamchaGPT2LMHeadModel, DamchaGPT2ForSequenceClassification
+    DamchaViTConfig, DamchaViTModel, DamchaViTForImageClassification   (DamchaViTConfig.vit_small_patch16_224())
     convert_to_damcha(model, **metric_options)   an in-memory GPT-2 (or ViT) model -> its DAMCHA counterpart
 """
 
@@ -16,6 +17,8 @@ from .modeling.modeling_damcha_gpt2 import (
     DamchaGPT2LMHeadModel,
     DamchaGPT2Model,
 )
+from .modeling.configuration_damcha_vit import DamchaViTConfig
+from .modeling.modeling_damcha_vit import DamchaViTForImageClassification, DamchaViTModel
 from .registration import register_auto_classes
 
 register_auto_classes()
@@ -27,6 +30,9 @@ __all__ = [
     "DamchaGPT2Model",
     "DamchaGPT2LMHeadModel",
     "DamchaGPT2ForSequenceClassification",
+    "DamchaViTConfig",
+    "DamchaViTModel",
+    "DamchaViTForImageClassification",
     "convert_to_damcha",
     "__version__",
 ]

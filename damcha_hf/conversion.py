@@ -10,6 +10,8 @@ from transformers import (
     GPT2LMHeadModel,
     GPT2Model,
     PreTrainedModel,
+    ViTForImageClassification,
+    ViTModel,
 )
 
 from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
@@ -18,21 +20,32 @@ from .modeling.modeling_damcha_gpt2 import (
     DamchaGPT2LMHeadModel,
     DamchaGPT2Model,
 )
+from .modeling.configuration_damcha_vit import DamchaViTConfig
+from .modeling.modeling_damcha_vit import DamchaViTForImageClassification, DamchaViTModel
 
 # source class -> (DAMCHA config class, DAMCHA model class). Exact classes: a subclass may add weights we would drop.
 CONVERSIONS: dict[type, tuple[type, type]] = {
     GPT2Model: (DamchaGPT2Config, DamchaGPT2Model),
     GPT2LMHeadModel: (DamchaGPT2Config, DamchaGPT2LMHeadModel),
     GPT2ForSequenceClassification: (DamchaGPT2Config, DamchaGPT2ForSequenceClassification),
+    ViTModel: (DamchaViTConfig, DamchaViTModel),
+    ViTForImageClassification: (DamchaViTConfig, DamchaViTForImageClassification),
 }
+
+
+def _architecture_options(model: PreTrainedModel) -> dict:
+    """Constructor arguments that decide which weights the model has, so the DAMCHA copy has the same ones."""
+    if isinstance(model, ViTModel):
+        return {"add_pooling_layer": model.pooler is not None, "use_mask_token": model.embeddings.mask_token is not None}
+    return {}
 
 
 def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedModel:
     """Return the DAMCHA counterpart of `model` with every weight copied and the metric generator at zero.
 
     Args:
-        model: a `GPT2Model`, `GPT2LMHeadModel` or `GPT2ForSequenceClassification` (and the ViT classes once
-            registered in `CONVERSIONS`).
+        model: a `GPT2Model`, `GPT2LMHeadModel`, `GPT2ForSequenceClassification`, `ViTModel` or
+            `ViTForImageClassification` (the keys of `CONVERSIONS`).
         **metric_options: DAMCHA config fields, e.g. `metric_context="query"`, `metric_hidden_size=32`.
 
     The result is on the same device and dtype, in the same train/eval mode, with the same attention implementation;
@@ -49,7 +62,7 @@ def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedMod
     config._attn_implementation = model.config._attn_implementation
     parameter = next(model.parameters())
     with torch.device(parameter.device):
-        damcha = damcha_class(config).to(parameter.dtype)
+        damcha = damcha_class(config, **_architecture_options(model)).to(parameter.dtype)
     missing, unexpected = damcha.load_state_dict(model.state_dict(), strict=False)
     missing = [key for key in missing if ".cross_head_metric." not in f".{key}"]
     if missing or unexpected:

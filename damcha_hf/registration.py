@@ -4,6 +4,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForImageClassification,
     AutoModelForSequenceClassification,
 )
 
@@ -13,6 +14,8 @@ from .modeling.modeling_damcha_gpt2 import (
     DamchaGPT2LMHeadModel,
     DamchaGPT2Model,
 )
+from .modeling.configuration_damcha_vit import DamchaViTConfig
+from .modeling.modeling_damcha_vit import DamchaViTForImageClassification, DamchaViTModel
 
 # (config class, [(auto class, model class), ...]) for every DAMCHA architecture.
 AUTO_CLASS_TABLE = [
@@ -22,6 +25,13 @@ AUTO_CLASS_TABLE = [
             (AutoModel, DamchaGPT2Model),
             (AutoModelForCausalLM, DamchaGPT2LMHeadModel),
             (AutoModelForSequenceClassification, DamchaGPT2ForSequenceClassification),
+        ],
+    ),
+    (
+        DamchaViTConfig,
+        [
+            (AutoModel, DamchaViTModel),
+            (AutoModelForImageClassification, DamchaViTForImageClassification),
         ],
     ),
 ]

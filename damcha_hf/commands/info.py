@@ -9,7 +9,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "model",
         nargs="?",
         default="gpt2-small",
-        help="a checkpoint folder, or a preset: gpt2-small (default)",
+        help="a checkpoint folder, or a preset: gpt2-small (default), vit-small (ViT-S/16, 224px, 1000 classes)",
     )
     parser.set_defaults(func=run)
 
@@ -31,6 +31,11 @@ def run(args: argparse.Namespace) -> int:
         config = damcha_hf.DamchaGPT2Config()
         with torch.device("meta"):
             model = damcha_hf.DamchaGPT2Model(config)
+    elif args.model == "vit-small":
+        # The paper's ImageNet-1K shape, with its 1000-class head, so the share is of the model it trains.
+        config = damcha_hf.DamchaViTConfig.vit_small_patch16_224(num_labels=1000)
+        with torch.device("meta"):
+            model = damcha_hf.DamchaViTForImageClassification(config)
     else:
         model = AutoModel.from_pretrained(args.model)
         config = model.config

@@ -1,0 +1,83 @@
+"""Configuration of DAMCHA ViT: the Vision Transformer with data-adaptive cross-head metric attention."""
+
+from collections.abc import Iterable
+
+from huggingface_hub.dataclasses import strict
+from transformers import ViTConfig
+
+from .damcha_attention import METRIC_OPTIONS_DOCSTRING, check_metric_options, check_source_model_type
+
+
+def _pair(size) -> tuple[int, int]:
+    return tuple(size) if isinstance(size, Iterable) else (size, size)
+
+
+@strict
+class DamchaViTConfig(ViTConfig):
+    r"""
+    Configuration of a [`DamchaViTModel`]: every field of [`ViTConfig`] plus the DAMCHA metric fields below. Any ViT
+    `config.json` loads into it, with the metric fields at their defaults. `metric_context` defaults to `"sequence"`:
+    one cross-head matrix `C` per image, from the mean normalised hidden state over all its tokens (the patches and
+    the CLS token; ViT has no padding). `"token"` and `"query"` work too, bidirectionally.
+
+    `image_size` must be a multiple of `patch_size` (per side, when either is a pair).
+
+    Presets: [`DamchaViTConfig.vit_small_patch16_224`] (ViT-S/16, the shape the paper trains on ImageNet-1K).
+    """
+
+    model_type = "damcha_vit"
+
+    metric_hidden_size: int = 64
+    metric_context: str = "sequence"
+    metric_mask: str = "full"
+    metric_sharing: str = "stack"
+
+    def validate_metric_options(self):
+        check_metric_options(self, causal=False)
+
+    def validate_patch_grid(self):
+        image_size, patch_size = _pair(self.image_size), _pair(self.patch_size)
+        if len(image_size) != 2 or len(patch_size) != 2:
+            raise ValueError(
+                f"{type(self).__name__}: `image_size` ({self.image_size!r}) and `patch_size` ({self.patch_size!r}) "
+                "must each be an int or a (height, width) pair."
+            )
+        if any(patch <= 0 or image % patch != 0 for image, patch in zip(image_size, patch_size)):
+            raise ValueError(
+                f"{type(self).__name__}: `image_size` ({self.image_size!r}) must be divisible by `patch_size` "
+                f"({self.patch_size!r}), or the last row and column of pixels would be silently dropped; pick an "
+                "`image_size` that is a multiple of `patch_size` (and resize the images to it, e.g. with "
+                "ViTImageProcessor's `size`)."
+            )
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        check_source_model_type(cls, config_dict.get("model_type"), base_model_type="vit")
+        # A converted ViT config must be saved as `damcha_vit`, so the source's model_type is not carried over.
+        config_dict = {key: value for key, value in config_dict.items() if key != "model_type"}
+        return super().from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def vit_small_patch16_224(cls, **overrides) -> "DamchaViTConfig":
+        """ViT-S/16 at 224x224, the shape the paper trains on ImageNet-1K.
+
+        Width 384, 12 layers, 6 heads (head width 64), MLP 1536, 16x16 patches (196 patches plus CLS). Any field can
+        be overridden, e.g. `DamchaViTConfig.vit_small_patch16_224(num_labels=1000, metric_context="token")`.
+        With the defaults (`metric_hidden_size=64`, one generator per stack) and a 1000-class head, the metric
+        generator has 26,980 parameters, 0.122% of the 22,077,644 of `DamchaViTForImageClassification`
+        (`damcha-hf info vit-small` prints these).
+        """
+        shape = dict(
+            hidden_size=384,
+            num_hidden_layers=12,
+            num_attention_heads=6,
+            intermediate_size=1536,
+            image_size=224,
+            patch_size=16,
+        )
+        return cls(**{**shape, **overrides})
+
+
+DamchaViTConfig.__doc__ += METRIC_OPTIONS_DOCSTRING
+
+__all__ = ["DamchaViTConfig"]

@@ -1,0 +1,199 @@
+"""DAMCHA ViT: the Vision Transformer whose self-attention scores with the cross-head metric of `damcha_attention`.
+
+Only the self-attention changes; patch embeddings, MLPs, the classifier and every weight name are ViT's, so every ViT
+checkpoint loads with all weights kept and (the metric generator starting at zero) identical outputs.
+
+Tested with transformers 5.24, whose ViT internals (`ViTAttention` with `q_proj/k_proj/v_proj/o_proj`,
+`ViTModel.layers`, `ALL_ATTENTION_FUNCTIONS`, output recording, the "ViTModel" checkpoint conversion mapping) this file
+relies on.
+"""
+
+import functools
+
+import torch
+from torch import nn
+from transformers.conversion_mapping import (
+    get_checkpoint_conversion_mapping,
+    register_checkpoint_conversion_mapping,
+)
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.models.vit.modeling_vit import (
+    ViTAttention,
+    ViTEmbeddings,
+    ViTForImageClassification,
+    ViTLayer,
+    ViTMLP,
+    ViTModel,
+    ViTPooler,
+    ViTPreTrainedModel,
+    eager_attention_forward,
+)
+
+from .configuration_damcha_vit import DamchaViTConfig, _pair
+from .damcha_attention import CrossHeadMetric, cross_head_attention, init_metric_generator
+
+
+class DamchaViTAttention(ViTAttention):
+    """ViT self-attention with DAMCHA's cross-head metric; the metric comes in as `cross_head_metric`."""
+
+    def __init__(self, config: DamchaViTConfig, layer_idx: int):
+        super().__init__(config)
+        # Picks the layer's generator under `metric_sharing="layer"`; plain ViT layers have no index.
+        self.layer_idx = layer_idx
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cross_head_metric: CrossHeadMetric | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if cross_head_metric is None:
+            raise ValueError("DamchaViTAttention needs the model's `cross_head_metric`; call it through DamchaViTModel.")
+        head_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        query, key, value = (
+            projection(hidden_states).view(head_shape).transpose(1, 2)
+            for projection in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        attn_output, attn_weights = cross_head_attention(
+            self,
+            hidden_states,
+            query,
+            key,
+            value,
+            attention_mask,
+            metric=cross_head_metric,
+            default_attention=eager_attention_forward,
+            dropout=self.attention_dropout if self.training else 0.0,
+            **kwargs,
+        )
+        attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
+        return self.o_proj(attn_output), attn_weights
+
+
+class DamchaViTLayer(ViTLayer):
+    """A ViT encoder layer whose attention is `DamchaViTAttention`; built directly, never from a plain ViT layer."""
+
+    def __init__(self, config: DamchaViTConfig, layer_idx: int):
+        GradientCheckpointingLayer.__init__(self)
+        self.attention = DamchaViTAttention(config, layer_idx=layer_idx)
+        self.layernorm_before = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.mlp = ViTMLP(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+
+class DamchaViTPreTrainedModel(ViTPreTrainedModel):
+    config_class = DamchaViTConfig
+    config: DamchaViTConfig
+    _no_split_modules = ["ViTEmbeddings", "DamchaViTLayer"]
+    # Flash and flex attention need equal query/value head widths, which `metric_context="query"` breaks;
+    # the other contexts run on them, but only eager and SDPA are tested here.
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        init_metric_generator(module)
+
+
+def check_pixel_values(config: DamchaViTConfig, pixel_values, interpolate_pos_encoding: bool | None) -> None:
+    """Refuse images the model cannot embed, with the config field and the fix (ViT's own errors name neither)."""
+    if not isinstance(pixel_values, torch.Tensor) or pixel_values.dim() != 4:
+        got = tuple(pixel_values.shape) if isinstance(pixel_values, torch.Tensor) else type(pixel_values).__name__
+        raise ValueError(
+            f"`pixel_values` must be a (batch, num_channels, height, width) tensor, got {got}; prepare images with "
+            "ViTImageProcessor(...)(images, return_tensors='pt').pixel_values."
+        )
+    channels, height, width = pixel_values.shape[1:]
+    if channels != config.num_channels:
+        raise ValueError(
+            f"`pixel_values` has {channels} channels but the config's `num_channels` is {config.num_channels}; "
+            f"convert the images to {config.num_channels} channel(s) (ViTImageProcessor with a "
+            f"{config.num_channels}-value `image_mean`/`image_std`, or `do_convert_rgb=True` for 3), or build the "
+            f"model with `num_channels={channels}`."
+        )
+    image_height, image_width = _pair(config.image_size)
+    patch_height, patch_width = _pair(config.patch_size)
+    if interpolate_pos_encoding:
+        if height % patch_height or width % patch_width:
+            raise ValueError(
+                f"`pixel_values` is {height}x{width}, not a multiple of `patch_size` ({config.patch_size!r}); "
+                "resize or crop the images to a multiple of it."
+            )
+    elif (height, width) != (image_height, image_width):
+        raise ValueError(
+            f"`pixel_values` is {height}x{width} but the config's `image_size` is {image_height}x{image_width}; "
+            f"resize the images to it (ViTImageProcessor `size={{'height': {image_height}, 'width': {image_width}}}`) "
+            "or pass `interpolate_pos_encoding=True` to interpolate the position embeddings."
+        )
+
+
+class DamchaViTModel(DamchaViTPreTrainedModel, ViTModel):
+    def __init__(self, config: DamchaViTConfig, add_pooling_layer: bool = True, use_mask_token: bool = False):
+        r"""
+        add_pooling_layer (bool, *optional*, defaults to `True`):
+            Whether to add a pooling layer
+        use_mask_token (`bool`, *optional*, defaults to `False`):
+            Whether to use a mask token for masked image modeling.
+        """
+        # ViTModel.__init__ would build plain ViT layers only for them to be replaced: build DAMCHA's directly.
+        DamchaViTPreTrainedModel.__init__(self, config)
+        self.config = config
+        self.embeddings = ViTEmbeddings(config, use_mask_token=use_mask_token)
+        self.layers = nn.ModuleList([DamchaViTLayer(config, layer_idx=i) for i in range(config.num_hidden_layers)])
+        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.pooler = ViTPooler(config) if add_pooling_layer else None
+        self.cross_head_metric = CrossHeadMetric.from_config(config)
+        self.post_init()
+
+    @functools.wraps(ViTModel.forward)
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        bool_masked_pos: torch.BoolTensor | None = None,
+        interpolate_pos_encoding: bool | None = None,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs,
+    ):
+        check_pixel_values(self.config, pixel_values, interpolate_pos_encoding)
+        if attention_mask is not None and self.config.metric_context == "sequence" and not bool(attention_mask.all()):
+            raise ValueError(
+                "`metric_context='sequence'` averages every token of an image, masked ones included, so it cannot "
+                "honour an `attention_mask` that masks tokens; use `metric_context='token'` or `'query'` with one."
+            )
+        # The metric travels down to every attention layer with the call, rather than as a module reference held
+        # by each layer, so that wrappers (PEFT's modules_to_save, FSDP) that replace it are always the ones used.
+        return ViTModel.forward(
+            self,
+            pixel_values,
+            bool_masked_pos=bool_masked_pos,
+            interpolate_pos_encoding=interpolate_pos_encoding,
+            attention_mask=attention_mask,
+            cross_head_metric=self.cross_head_metric,
+            **kwargs,
+        )
+
+
+class DamchaViTForImageClassification(DamchaViTPreTrainedModel, ViTForImageClassification):
+    def __init__(self, config: DamchaViTConfig):
+        DamchaViTPreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.vit = DamchaViTModel(config, add_pooling_layer=False)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
+        self.post_init()
+
+
+# Checkpoints saved before transformers 5 (and ViT checkpoints that transformers 5 still writes) name the weights
+# `encoder.layer.N.attention.attention.query`, ...; transformers renames them on load through the mapping registered
+# for "ViTModel", but skips it for a class defined outside transformers unless that class registers its own.
+register_checkpoint_conversion_mapping(
+    DamchaViTModel.__name__, get_checkpoint_conversion_mapping(ViTModel.__name__), overwrite=True
+)
+
+
+__all__ = [
+    "DamchaViTPreTrainedModel",
+    "DamchaViTModel",
+    "DamchaViTForImageClassification",
+]

@@ -15,6 +15,7 @@ from transformers import (
 )
 
 from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
+from .modeling.damcha_attention import eager_attn_implementation_for
 from .modeling.modeling_damcha_gpt2 import (
     DamchaGPT2ForSequenceClassification,
     DamchaGPT2LMHeadModel,
@@ -46,10 +47,11 @@ def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedMod
     Args:
         model: a `GPT2Model`, `GPT2LMHeadModel`, `GPT2ForSequenceClassification`, `ViTModel` or
             `ViTForImageClassification` (the keys of `CONVERSIONS`).
-        **metric_options: DAMCHA config fields, e.g. `metric_context="query"`, `metric_hidden_size=32`.
+        **metric_options: DAMCHA config fields, e.g. `metric_context="query"`, `metric_hidden_size=32`, or
+            `cross_head_variant="talking_heads"` / `"dcmha"` / `"none"` for the baselines (all start as MHA too).
 
-    The result is on the same device and dtype, in the same train/eval mode, with the same attention implementation;
-    its outputs equal the original's to float rounding.
+    The result is on the same device and dtype, in the same train/eval mode, with the same attention implementation
+    (eager for talking-heads and DCMHA); its outputs equal the original's to float rounding.
     """
     if type(model) not in CONVERSIONS:
         supported = ", ".join(cls.__name__ for cls in CONVERSIONS)
@@ -59,12 +61,15 @@ def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedMod
     for key in ("model_type", "architectures", "auto_map", "transformers_version"):
         config_dict.pop(key, None)
     config = config_class(**{**config_dict, **metric_options})
-    config._attn_implementation = model.config._attn_implementation
+    # Keep the source's attention backend, except for talking-heads / DCMHA, which run only in eager attention.
+    if eager_attn_implementation_for(config, None) is None:
+        config._attn_implementation = model.config._attn_implementation
     parameter = next(model.parameters())
     with torch.device(parameter.device):
         damcha = damcha_class(config, **_architecture_options(model)).to(parameter.dtype)
     missing, unexpected = damcha.load_state_dict(model.state_dict(), strict=False)
-    missing = [key for key in missing if ".cross_head_metric." not in f".{key}"]
+    new_modules = (".cross_head_metric.", ".cross_head_mixing.")  # DAMCHA's generator, talking-heads / DCMHA mixing
+    missing = [key for key in missing if not any(name in f".{key}" for name in new_modules)]
     if missing or unexpected:
         raise RuntimeError(
             f"convert_to_damcha: weights did not carry over from {type(model).__name__} "

@@ -20,6 +20,8 @@ class DamchaGPT2Config(GPT2Config):
     metric_context: str = "token"
     metric_mask: str = "full"
     metric_sharing: str = "stack"
+    cross_head_variant: str = "damcha"
+    dcmha_rank: int = 2
 
     def validate_metric_options(self):
         check_metric_options(self, causal=True)

@@ -20,6 +20,13 @@ Where ``C`` may depend on the tokens is ``metric_context``:
 Every context hands ordinary ``(query, key, value)`` tensors to the attention functions of transformers, so eager,
 SDPA and the other backends apply unchanged.
 
+The paper's baselines run through the same entry point, ``cross_head_attention``, chosen by ``cross_head_variant``:
+``"damcha"`` (the above), ``"talking_heads"`` (static ``H x H`` mixing of the logits and of the weights,
+``talking_heads.py``), ``"dcmha"`` (dynamic per-query and per-key composition of both maps, ``dcmha.py``) and
+``"none"`` (plain multi-head attention). Talking-heads and DCMHA mix the ``n x n`` score maps across heads, which no
+fused kernel exposes: they run ``score_mixing_attention`` (eager, materialised maps), and a model refuses any other
+``attn_implementation`` for them (``eager_attn_implementation_for``).
+
 This file imports only torch and transformers: it is copied next to the weights of a saved checkpoint (remote code).
 """
 
@@ -29,13 +36,30 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .dcmha import DynamicHeadComposition, init_dcmha
+from .talking_heads import TalkingHeadsMixing, init_talking_heads
+
 
 METRIC_CONTEXTS = ("token", "sequence", "query")
 METRIC_MASKS = ("full", "diagonal", "offdiagonal")
 METRIC_SHARINGS = ("stack", "layer")
+CROSS_HEAD_VARIANTS = ("damcha", "talking_heads", "dcmha", "none")
+# Variants that mix the n x n score maps across heads, so that only eager attention can run them.
+SCORE_MIXING_VARIANTS = {"talking_heads": TalkingHeadsMixing, "dcmha": DynamicHeadComposition}
 
 # Docstring fragment shared by the DAMCHA configs, so that both document the fields the same way.
 METRIC_OPTIONS_DOCSTRING = r"""
+    cross_head_variant (`str`, *optional*, defaults to `"damcha"`):
+        The attention of every self-attention layer, so that comparisons differ only in attention: `"damcha"`
+        (data-adaptive cross-head metric, the fields below), `"talking_heads"` (Shazeer et al. 2020: learned `H x H`
+        mixing of the logits before the softmax and of the weights after it), `"dcmha"` (Xiao et al. 2024: dynamic
+        per-query and per-key low-rank plus diagonal composition of both maps) or `"none"` (plain multi-head
+        attention). Every variant starts as exact multi-head attention, so any pretrained checkpoint converts to it.
+        `"talking_heads"` and `"dcmha"` mix the `n x n` score maps, so they run only with
+        `attn_implementation="eager"` (the default for them; any other backend is refused). The `metric_*` fields
+        apply to `"damcha"` only.
+    dcmha_rank (`int`, *optional*, defaults to 2):
+        Rank `R` of DCMHA's query-wise and key-wise dynamic projections (the paper uses 2). Used by `"dcmha"` only.
     metric_hidden_size (`int`, *optional*, defaults to 64):
         Hidden width `r` of the metric generator MLP (`d -> r -> H*H`, GELU). Its output layer starts at zero, so
         a fresh or converted model computes exactly multi-head attention.
@@ -68,13 +92,20 @@ def check_metric_options(config, *, causal: bool) -> None:
             f"got {config.metric_hidden_size!r}; 64 is a good default."
         )
     for field, allowed in (
+        ("cross_head_variant", CROSS_HEAD_VARIANTS),
         ("metric_context", METRIC_CONTEXTS),
         ("metric_mask", METRIC_MASKS),
         ("metric_sharing", METRIC_SHARINGS),
     ):
-        value = getattr(config, field)
+        value = getattr(config, field, allowed[0])  # allowed[0] is the default of a field a config may lack
         if value not in allowed:
             raise ValueError(f"{name}: unknown `{field}` {value!r}; choose one of {', '.join(map(repr, allowed))}.")
+    dcmha_rank = getattr(config, "dcmha_rank", 2)
+    if isinstance(dcmha_rank, bool) or not isinstance(dcmha_rank, int) or dcmha_rank <= 0:
+        raise ValueError(
+            f"{name}: `dcmha_rank` must be a positive integer (the rank of DCMHA's dynamic head projections), "
+            f"got {dcmha_rank!r}; 2 is the paper's choice."
+        )
     if causal and config.metric_context == "sequence":
         raise ValueError(
             f"{name}: `metric_context='sequence'` averages over the whole sequence, which would let a causal "
@@ -149,6 +180,28 @@ def init_metric_generator(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
+def cross_head_variant_of(config) -> str:
+    """The config's `cross_head_variant` (`"damcha"` for a config without the field)."""
+    return getattr(config, "cross_head_variant", "damcha")
+
+
+def build_cross_head_mixing(config) -> nn.Module | None:
+    """The per-layer module of a score-mixing variant (`TalkingHeadsMixing`, `DynamicHeadComposition`), else None.
+
+    A model's attention layer stores it as `cross_head_mixing`, where `cross_head_attention` finds it.
+    """
+    mixing_class = SCORE_MIXING_VARIANTS.get(cross_head_variant_of(config))
+    return None if mixing_class is None else mixing_class.from_config(config)
+
+
+def init_cross_head_weights(module: nn.Module, std: float) -> None:
+    """Called from a model's `_init_weights` after the default init: every cross-head module starts as exact MHA
+    (zero DAMCHA generator output, identity talking-heads matrices, identity DCMHA composition)."""
+    init_metric_generator(module)
+    init_talking_heads(module)
+    init_dcmha(module, std)
+
+
 def cross_head_query_key(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -209,6 +262,63 @@ def check_attention_backend(metric_context: str, attn_implementation: str | None
         )
 
 
+def eager_attn_implementation_for(config, requested: str | None) -> str | None:
+    """The attention backend a model must use for `config`'s variant, or None where the usual resolution applies.
+
+    Talking-heads and DCMHA need the materialised score maps: they get `"eager"` when no backend was requested, and a
+    `ValueError` naming `attn_implementation` and the fix when another one was. Models call this from
+    `_check_and_adjust_attn_implementation`, so that construction, `from_pretrained` and `set_attn_implementation`
+    all resolve the same way.
+    """
+    variant = cross_head_variant_of(config)
+    if variant not in SCORE_MIXING_VARIANTS:
+        return None
+    if requested not in (None, "eager"):
+        raise ValueError(
+            f"`cross_head_variant={variant!r}` mixes the attention score maps across heads, which only eager attention "
+            f"materialises, so it cannot run with `attn_implementation={requested!r}`. Load or build the model with "
+            f"`attn_implementation='eager'` (or leave it unset), or use `cross_head_variant='damcha'` or `'none'`, "
+            "which run on every backend."
+        )
+    return "eager"
+
+
+def score_mixing_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    mixing: nn.Module,
+    query_weights=None,
+    key_weights: torch.Tensor | None = None,
+    scaling: float,
+    dropout: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention whose score maps are mixed across heads before and after the softmax (talking-heads, DCMHA).
+
+    The logits are mixed first and masked after, so that the mask's large negative values never enter a mix; each
+    entry `(t, s)` is mixed only with entry `(t, s)` of the other heads, so a masked (future) key reaches nothing but
+    masked entries. After the softmax the masked entries are zero in every head and mixing keeps them zero.
+    `attention_mask` is the eager additive float mask or a boolean mask (True = attend), or None.
+    Returns `(attn_output (batch, seq, heads, head_dim), attn_weights (batch, heads, seq, keys))`.
+    """
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    scores = mixing.mix_logits(scores, query_weights, key_weights)
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + attention_mask
+    probabilities = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    probabilities = mixing.mix_probabilities(probabilities, query_weights, key_weights)
+    probabilities = nn.functional.dropout(probabilities, p=dropout, training=module.training)
+    attn_output = torch.matmul(probabilities, value).transpose(1, 2)
+    return attn_output, probabilities
+
+
 def cross_head_attention(
     module: nn.Module,
     hidden_states: torch.Tensor,
@@ -217,20 +327,44 @@ def cross_head_attention(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     *,
-    metric: CrossHeadMetric,
+    metric: CrossHeadMetric | None = None,
     default_attention: Callable,
     dropout: float,
     cache=None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """DAMCHA attention for any model: mix `(query, key)`, update the KV cache, run the configured attention function.
+    """Cross-head attention for any model, dispatched on `config.cross_head_variant`; updates the KV cache.
 
-    `module` is the model's attention layer (it provides `config`, `layer_idx`, `scaling` and the head count);
+    `module` is the model's attention layer (it provides `config`, `layer_idx`, `scaling` and the head count, and for
+    `"talking_heads"` / `"dcmha"` its `cross_head_mixing` module from `build_cross_head_mixing`);
     `query`, `key`, `value` are its `(batch, heads, seq, head_dim)` projections of `hidden_states`;
+    `metric` is the model's `CrossHeadMetric` (`"damcha"` only);
     `default_attention` is the model's eager attention function, used when `config._attn_implementation` is eager.
     Returns `(attn_output (batch, seq, heads, head_dim), attn_weights or None)` as the attention functions do.
+
+    `"damcha"` mixes `(query, key)` and runs the configured attention function; `"none"` runs it on the plain
+    projections; `"talking_heads"` and `"dcmha"` run `score_mixing_attention`. DCMHA's key-side weights are
+    concatenated to the keys (last dim) before the cache update and split off after it, so the cache stores them per
+    position with the keys and any cache class carries them.
     """
     config = module.config
+    variant = cross_head_variant_of(config)
+    if variant in SCORE_MIXING_VARIANTS:
+        return _score_mixing_cross_head_attention(
+            module, hidden_states, query, key, value, attention_mask, dropout=dropout, cache=cache, **kwargs
+        )
+    if variant == "none":
+        if cache is not None:
+            key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, default_attention)
+        return attention_interface(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=module.scaling, **kwargs
+        )
+    if metric is None:
+        raise ValueError(
+            f"{type(module).__name__}: `cross_head_variant='damcha'` needs the model's `cross_head_metric`; call the "
+            "layer through its model, which passes it."
+        )
     check_attention_backend(config.metric_context, config._attn_implementation)
     query, key = cross_head_query_key(
         query,
@@ -247,6 +381,41 @@ def cross_head_attention(
     attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, default_attention)
     return attention_interface(
         module, query, key, value, attention_mask, dropout=dropout, scaling=module.scaling, **kwargs
+    )
+
+
+def _score_mixing_cross_head_attention(
+    module, hidden_states, query, key, value, attention_mask, *, dropout, cache=None, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
+    config = module.config
+    variant = cross_head_variant_of(config)
+    if config._attn_implementation not in (None, "eager"):
+        eager_attn_implementation_for(config, config._attn_implementation)  # raises the error that names the fix
+    mixing = getattr(module, "cross_head_mixing", None)
+    if not isinstance(mixing, SCORE_MIXING_VARIANTS[variant]):
+        raise ValueError(
+            f"{type(module).__name__} has no `cross_head_mixing` module for `cross_head_variant={variant!r}`; build "
+            "it in the layer's __init__ with `build_cross_head_mixing(config)`."
+        )
+    query_weights, key_weights = mixing.dynamic_weights(hidden_states)
+    head_dim = key.shape[-1]
+    if key_weights is not None:
+        key = torch.cat([key, key_weights.to(key.dtype)], dim=-1)
+    if cache is not None:
+        key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
+    if key_weights is not None:
+        key, key_weights = key.split([head_dim, key.shape[-1] - head_dim], dim=-1)
+    return score_mixing_attention(
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        mixing=mixing,
+        query_weights=query_weights,
+        key_weights=key_weights,
+        scaling=module.scaling,
+        dropout=dropout,
     )
 
 

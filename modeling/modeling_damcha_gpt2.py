@@ -24,7 +24,14 @@ from transformers.models.gpt2.modeling_gpt2 import (
 )
 
 from .configuration_damcha_gpt2 import DamchaGPT2Config
-from .damcha_attention import CrossHeadMetric, cross_head_attention, init_metric_generator
+from .damcha_attention import (
+    CrossHeadMetric,
+    build_cross_head_mixing,
+    cross_head_attention,
+    cross_head_variant_of,
+    eager_attn_implementation_for,
+    init_cross_head_weights,
+)
 
 
 def upcast_and_reordered_attention(module, query, key, value, attention_mask, **kwargs):
@@ -33,7 +40,14 @@ def upcast_and_reordered_attention(module, query, key, value, attention_mask, **
 
 
 class DamchaGPT2Attention(GPT2Attention):
-    """GPT-2 self-attention with DAMCHA's cross-head metric; the metric comes in as `cross_head_metric`."""
+    """GPT-2 self-attention with DAMCHA's cross-head metric; the metric comes in as `cross_head_metric`.
+
+    For `cross_head_variant="talking_heads"` / `"dcmha"` the layer owns its head-mixing module, `cross_head_mixing`.
+    """
+
+    def __init__(self, config: DamchaGPT2Config, layer_idx: int | None = None):
+        super().__init__(config, layer_idx=layer_idx)
+        self.cross_head_mixing = build_cross_head_mixing(config)
 
     def forward(
         self,
@@ -43,10 +57,6 @@ class DamchaGPT2Attention(GPT2Attention):
         cross_head_metric: CrossHeadMetric | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if cross_head_metric is None:
-            raise ValueError(
-                "DamchaGPT2Attention needs the model's `cross_head_metric`; call it through DamchaGPT2Model."
-            )
         kwargs.pop("output_attentions", None)
         query, key, value = self.c_attn(hidden_states).split(self.split_size, dim=2)
         head_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
@@ -96,7 +106,14 @@ class DamchaGPT2PreTrainedModel(GPT2PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        init_metric_generator(module)
+        init_cross_head_weights(module, std=self.config.initializer_range)
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
+        # Talking-heads and DCMHA run only in eager attention: default to it for them, refuse other backends.
+        eager_only = eager_attn_implementation_for(self.config, attn_implementation)
+        if eager_only is not None:
+            return eager_only
+        return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         if self.is_remote_code():  # registered for remote code: the model files are copied next to the weights
@@ -114,7 +131,9 @@ class DamchaGPT2Model(DamchaGPT2PreTrainedModel, GPT2Model):
         self.drop = nn.Dropout(config.embd_pdrop)
         self.h = nn.ModuleList([DamchaGPT2Block(config, layer_idx=i) for i in range(config.num_hidden_layers)])
         self.ln_f = nn.LayerNorm(self.embed_dim, eps=config.layer_norm_epsilon)
-        self.cross_head_metric = CrossHeadMetric.from_config(config)
+        # Only DAMCHA has a metric generator; the other variants carry no unused parameters.
+        damcha = cross_head_variant_of(config) == "damcha"
+        self.cross_head_metric = CrossHeadMetric.from_config(config) if damcha else None
         self.gradient_checkpointing = False
         self._attn_implementation = config._attn_implementation
         self.post_init()

@@ -1,0 +1,318 @@
+"""The paper's baselines under the same roof: talking-heads, DCMHA and plain MHA (`cross_head_variant`) in DAMCHA GPT-2.
+
+Oracles: vanilla `GPT2LMHeadModel` (every variant starts as MHA), and a naive per-head-pair attention written out
+below from the papers' formulas, with explicit loops over batch, query, key and head pairs.
+"""
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_damcha_gpt2_config, tiny_gpt2_config
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2LMHeadModel
+
+import damcha_hf
+from damcha_hf import DamchaGPT2Config, DamchaGPT2LMHeadModel
+
+VARIANTS = ["damcha", "talking_heads", "dcmha", "none"]
+SCORE_MIXING = ["talking_heads", "dcmha"]
+
+
+def tokens(batch=2, seq=12, seed=0):
+    return torch.randint(1, 97, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def randomize_cross_head(model: torch.nn.Module, scale: float = 0.3, seed: int = 0) -> None:
+    """Move every cross-head parameter off its MHA start: DAMCHA's generator, the talking-heads matrices and DCMHA's
+    projections (identity-initialised matrices get identity + noise, the others noise)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "cross_head_" not in name:
+                continue
+            noise = torch.randn(parameter.shape, generator=generator) * scale
+            if name.endswith(("logits_projection", "weights_projection", "base_projection")):
+                noise = noise + torch.eye(parameter.shape[-1])
+            parameter.copy_(noise)
+
+
+def variant_lm(variant, randomize=True, **overrides) -> DamchaGPT2LMHeadModel:
+    model = DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(cross_head_variant=variant, **overrides)).eval()
+    if randomize:
+        randomize_cross_head(model)
+    return model
+
+
+def causal_mask(seq):
+    return torch.full((seq, seq), torch.finfo(torch.float32).min).triu(1)[None, None]
+
+
+# --- the oracle --------------------------------------------------------------------------------------------------
+
+
+def head_mixing_matrices(attention, x, variant):
+    """`M[stage][b, t, s]`: the H x H matrix that maps the head vector of entry (t, s) of the logits (stage 0) or of
+    the weights (stage 1), written from the papers' formulas with the layer's raw parameters."""
+    batch, seq, _ = x.shape
+    heads = attention.num_heads
+    mixing = attention.cross_head_mixing
+    if variant == "talking_heads":
+        return [p.expand(batch, seq, seq, heads, heads) for p in (mixing.logits_projection, mixing.weights_projection)]
+    rank = mixing.rank
+
+    def branch(c):  # c: 0 pre-query, 1 pre-key, 2 post-query, 3 post-key
+        hidden = torch.nn.functional.gelu(x @ mixing.hidden_projection[:, c, :])  # (b, n, C)
+        read = (hidden @ mixing.read_projection[c].flatten(1)).unflatten(-1, (rank, heads))
+        read = read / torch.sqrt((read**2).mean(-1, keepdim=True) + 1e-6)  # RMS over heads, no scale
+        write = (hidden @ mixing.write_projection[c].flatten(1)).unflatten(-1, (rank, heads))
+        gate = torch.tanh(x @ mixing.gate_projection[:, c, :])  # (b, n, H)
+        return read, write, gate
+
+    matrices = []
+    for stage in range(2):
+        q_read, q_write, q_gate = branch(2 * stage)
+        k_read, k_write, k_gate = branch(2 * stage + 1)
+        m = torch.zeros(batch, seq, seq, heads, heads)
+        for b in range(batch):
+            for t in range(seq):
+                for s in range(seq):
+                    for i in range(heads):  # output head
+                        for j in range(heads):  # input head
+                            value = mixing.base_projection[stage, i, j]
+                            value = value + sum(q_write[b, t, r, i] * q_read[b, t, r, j] for r in range(rank))
+                            value = value + sum(k_write[b, s, r, i] * k_read[b, s, r, j] for r in range(rank))
+                            if i == j:
+                                value = value + q_gate[b, t, i] + k_gate[b, s, i]
+                            m[b, t, s, i, j] = value
+        matrices.append(m)
+    return matrices
+
+
+def oracle_attention(attention, x, variant):
+    """One causal GPT-2 attention layer written out by hand for a score-mixing variant: per entry (t, s), the head
+    vector of the logits is mixed by M_pre(t, s), masked, softmaxed per head, and mixed again by M_post(t, s)."""
+    batch, seq, hidden = x.shape
+    heads = attention.num_heads
+    head_dim = hidden // heads
+    qkv = x @ attention.c_attn.weight + attention.c_attn.bias
+    q, k, v = (t.reshape(batch, seq, heads, head_dim) for t in qkv.split(hidden, dim=-1))
+    pre, post = head_mixing_matrices(attention, x, variant)
+    out = torch.zeros(batch, seq, heads, head_dim)
+    for b in range(batch):
+        for t in range(seq):
+            logits = torch.zeros(heads, seq)
+            for s in range(seq):
+                raw = torch.stack([q[b, t, j] @ k[b, s, j] / math.sqrt(head_dim) for j in range(heads)])
+                logits[:, s] = pre[b, t, s] @ raw
+            logits[:, t + 1 :] = float("-inf")  # causal, applied after the mix
+            weights = torch.softmax(logits, dim=-1)
+            for s in range(t + 1):
+                mixed = post[b, t, s] @ weights[:, s]
+                for i in range(heads):
+                    out[b, t, i] += mixed[i] * v[b, s, i]
+    return out.reshape(batch, seq, hidden) @ attention.c_proj.weight + attention.c_proj.bias
+
+
+@pytest.mark.parametrize("variant", SCORE_MIXING)
+def test_attention_layer_matches_head_pair_oracle(variant):
+    model = variant_lm(variant, dcmha_rank=2)
+    attention = model.transformer.h[1].attn
+    x = torch.randn(2, 6, 32)
+    with torch.no_grad():
+        out, _ = attention(x, attention_mask=causal_mask(6))
+        expected = oracle_attention(attention, x, variant)
+    assert (expected - oracle_attention(variant_lm(variant, randomize=False).transformer.h[1].attn, x, variant)).abs().max() > 1e-2
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_dcmha_rank_changes_the_projections():
+    model = variant_lm("dcmha", dcmha_rank=3)
+    mixing = model.transformer.h[0].attn.cross_head_mixing
+    assert mixing.read_projection.shape[-2:] == (3, 4) and mixing.key_weights_width == 14
+    x = torch.randn(1, 5, 32)
+    with torch.no_grad():
+        out, _ = model.transformer.h[0].attn(x, attention_mask=causal_mask(5))
+        expected = oracle_attention(model.transformer.h[0].attn, x, "dcmha")
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+# --- every variant starts as MHA ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_converted_lm_equals_vanilla_gpt2(variant):
+    vanilla = GPT2LMHeadModel(tiny_gpt2_config()).eval()  # default backend (SDPA): conversion must still work
+    model = damcha_hf.convert_to_damcha(vanilla, cross_head_variant=variant)
+    assert model.config.cross_head_variant == variant
+    expected_backend = "eager" if variant in SCORE_MIXING else vanilla.config._attn_implementation
+    assert model.config._attn_implementation == expected_backend
+    ids = tokens()
+    padding = torch.ones_like(ids)
+    padding[1, :3] = 0  # left padding in the second row
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, vanilla(ids).logits, rtol=0, atol=1e-5)
+        padded, vanilla_padded = model(ids, attention_mask=padding).logits, vanilla(ids, attention_mask=padding).logits
+    torch.testing.assert_close(padded[padding.bool()], vanilla_padded[padding.bool()], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fresh_model_starts_as_mha_and_has_only_its_own_parameters(variant):
+    model = variant_lm(variant, randomize=False)
+    names = [name for name, _ in model.named_parameters() if "cross_head_" in name]
+    vanilla = GPT2LMHeadModel(tiny_gpt2_config()).eval()
+    vanilla.load_state_dict(model.state_dict(), strict=False)
+    ids = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, vanilla(ids).logits, rtol=0, atol=1e-5)
+    expected_prefix = {
+        "damcha": ".cross_head_metric.",
+        "talking_heads": ".cross_head_mixing.",
+        "dcmha": ".cross_head_mixing.",
+        "none": None,
+    }[variant]
+    if expected_prefix is None:
+        assert names == []
+    else:
+        assert names and all(expected_prefix in f".{name}" for name in names)
+
+
+def test_dcmha_start_is_trainable():
+    """The zero-initialised write and gate projections get gradient at the MHA start (the factors are not all zero)."""
+    model = variant_lm("dcmha", randomize=False).train()
+    ids = tokens()
+    model(ids, labels=ids).loss.backward()
+    mixing = model.transformer.h[0].attn.cross_head_mixing
+    assert mixing.write_projection.grad.abs().max() > 0
+    assert mixing.gate_projection.grad.abs().max() > 0
+    assert mixing.base_projection.grad.abs().max() > 0
+
+
+# --- causality and the KV cache -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_future_tokens_do_not_change_past_logits(variant):
+    model = variant_lm(variant)
+    ids = tokens(seq=14)
+    changed = ids.clone()
+    changed[:, 8:] = tokens(seq=14, seed=1)[:, 8:]
+    with torch.no_grad():
+        a, b = model(ids).logits, model(changed).logits
+    torch.testing.assert_close(a[:, :8], b[:, :8], rtol=0, atol=1e-5)
+    assert (a[:, 8:] - b[:, 8:]).abs().max() > 1e-3  # the change is visible where it is allowed to be
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_generate_with_cache_equals_without(variant):
+    model = variant_lm(variant)
+    ids = tokens(seq=6)
+    padding = torch.ones_like(ids)
+    padding[1, :2] = 0
+    settings = dict(max_new_tokens=12, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        cached = model.generate(ids, attention_mask=padding, use_cache=True, **settings)
+        uncached = model.generate(ids, attention_mask=padding, use_cache=False, **settings)
+    assert cached.sequences.shape == (2, 18)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    torch.testing.assert_close(torch.stack(cached.logits), torch.stack(uncached.logits), rtol=1e-4, atol=1e-4)
+
+
+def test_dcmha_cache_stores_key_weights_per_position():
+    """Prefill then token-by-token decoding equals one full forward, and the cache keeps DCMHA's key-side weights
+    (2 (2R + 1) numbers per head and position) next to the keys."""
+    model = variant_lm("dcmha")
+    ids = tokens(seq=10)
+    with torch.no_grad():
+        full = model(ids).logits
+        prefill = model(ids[:, :6], use_cache=True)
+        cache, steps = prefill.cache if hasattr(prefill, "cache") else prefill.past_key_values, [prefill.logits]
+        for position in range(6, 10):
+            step = model(ids[:, position : position + 1], cache=cache, use_cache=True)
+            steps.append(step.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5)
+    keys = cache.layers[0].keys
+    assert keys.shape == (2, 4, 10, 8 + 2 * (2 * 2 + 1))
+
+
+# --- save, load, Auto, the backend error, bad configs ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", SCORE_MIXING + ["none"])
+def test_save_load_auto_round_trip_keeps_the_variant(variant, tmp_path):
+    model = variant_lm(variant, dcmha_rank=3)
+    model.save_pretrained(tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert type(config) is DamchaGPT2Config
+    assert (config.cross_head_variant, config.dcmha_rank) == (variant, 3)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is DamchaGPT2LMHeadModel
+    saved_state, loaded_state = model.state_dict(), loaded.state_dict()
+    assert saved_state.keys() == loaded_state.keys()
+    for name, tensor in saved_state.items():
+        torch.testing.assert_close(loaded_state[name], tensor, rtol=0, atol=0)
+    ids = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("variant", SCORE_MIXING)
+def test_non_eager_backend_is_refused_with_the_fix(variant, tmp_path):
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        DamchaGPT2LMHeadModel._from_config(
+            tiny_damcha_gpt2_config(cross_head_variant=variant), attn_implementation="sdpa"
+        )
+    model = DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(cross_head_variant=variant))
+    assert model.config._attn_implementation == "eager"
+    with pytest.raises(ValueError, match=f"cross_head_variant='{variant}'.*attn_implementation='sdpa'"):
+        model.set_attn_implementation("sdpa")
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="attn_implementation"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa")
+    # A config switched behind the model's back fails at the forward, not silently.
+    model.config._attn_implementation_internal = "sdpa"
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        model(tokens())
+
+
+@pytest.mark.parametrize("variant", ["damcha", "none"])
+def test_other_variants_keep_sdpa(variant):
+    model = DamchaGPT2LMHeadModel._from_config(
+        tiny_damcha_gpt2_config(cross_head_variant=variant), attn_implementation="sdpa"
+    ).eval()
+    assert model.config._attn_implementation == "sdpa"
+    randomize_cross_head(model)
+    eager = DamchaGPT2LMHeadModel._from_config(model.config, attn_implementation="eager").eval()
+    eager.load_state_dict(model.state_dict())
+    ids = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, eager(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"cross_head_variant": "talking-heads"}, "cross_head_variant"),
+        ({"cross_head_variant": "mha"}, "cross_head_variant"),
+        ({"dcmha_rank": 0}, "dcmha_rank"),
+    ],
+)
+def test_bad_variant_options_name_the_field(overrides, field):
+    with pytest.raises(Exception, match=field):
+        tiny_damcha_gpt2_config(**overrides)
+
+
+def test_dcmha_checkpoint_loads_as_remote_code_without_the_plugin(tmp_path):
+    """The variant modules are copied next to the weights (the core imports them), and the checkpoint runs there."""
+    from test_remote_code import load_in_fresh_process
+
+    model = variant_lm("dcmha")
+    folder = tmp_path / "checkpoint"
+    model.save_pretrained(folder)
+    assert {"dcmha.py", "talking_heads.py", "damcha_attention.py"} <= {path.name for path in folder.glob("*.py")}
+    inputs = {"input_ids": tokens(seq=9)}
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    report = load_in_fresh_process(folder, inputs, ["AutoModelForCausalLM"], tmp_path / "fresh")
+    assert report["damcha_hf_importable"] is False
+    assert report["classes"]["AutoModelForCausalLM"][1] == "DamchaGPT2LMHeadModel"
+    torch.testing.assert_close(report["logits"], expected, rtol=0, atol=1e-6)

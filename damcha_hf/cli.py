@@ -10,7 +10,10 @@ import sys
 
 # Subcommand modules, in the order `damcha-hf --help` lists them.
 COMMAND_MODULES = [
+    "damcha_hf.commands.demo",
     "damcha_hf.commands.info",
+    "damcha_hf.commands.inspect",
+    "damcha_hf.commands.push",
 ]
 
 

@@ -45,7 +45,7 @@ FRESH_PROCESS_LOADER = textwrap.dedent(
         report["damcha_hf_importable"] = True
     except ImportError:
         report["damcha_hf_importable"] = False
-    report["plugin_modules"] = sorted(name for name in sys.modules if name.startswith("damcha_hf") and sys.modules[name])
+    report["plugin_modules"] = sorted(m for m in sys.modules if m.startswith("damcha_hf") and sys.modules[m])
     torch.save(report, output_file)
     """
 )
@@ -73,6 +73,7 @@ def load_in_fresh_process(folder: Path, inputs: dict, auto_class_names: list[str
     )
     completed = subprocess.run(
         [sys.executable, "-I", str(script), str(folder), str(inputs_file), str(output_file), *auto_class_names],
+        check=False,
         cwd=work_dir,
         env=env,
         capture_output=True,
@@ -114,7 +115,11 @@ def imported_packages(source: str) -> tuple[set[str], list[str]]:
     return absolute, relative
 
 
-GPT2_CLASSES = [damcha_hf.DamchaGPT2Model, damcha_hf.DamchaGPT2LMHeadModel, damcha_hf.DamchaGPT2ForSequenceClassification]
+GPT2_CLASSES = [
+    damcha_hf.DamchaGPT2Model,
+    damcha_hf.DamchaGPT2LMHeadModel,
+    damcha_hf.DamchaGPT2ForSequenceClassification,
+]
 
 
 @pytest.mark.parametrize("model_class", GPT2_CLASSES, ids=lambda cls: cls.__name__)

@@ -1,0 +1,41 @@
+"""`damcha-hf push`: upload a DAMCHA checkpoint to the Hub (weights, config, code, preprocessor, card, images)."""
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "push",
+        help="upload a checkpoint to the Hugging Face Hub (safetensors, config, code, preprocessor, card, images)",
+        description="Create the Hub model repository REPO_ID if needed and upload the checkpoint's safetensors "
+        "weights, config, model code, tokenizer or image processor, README.md and its images; optimizer, scheduler, "
+        "RNG and trainer state are never uploaded.",
+    )
+    parser.add_argument("checkpoint", help="a checkpoint folder (save_pretrained / damcha_hf.hub.save_hub_checkpoint)")
+    parser.add_argument("repo_id", help="the Hub repository, 'namespace/name'")
+    parser.add_argument("--private", action="store_true", help="create the repository as private")
+    parser.add_argument("--revision", help="push to this branch (created if missing) instead of main")
+    parser.add_argument("--token", help="a Hub token with write access (default: HF_TOKEN or `hf auth login`)")
+    parser.add_argument("--commit-message", default="Upload DAMCHA checkpoint")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from damcha_hf.hub import HubPushError, push_checkpoint, upload_plan
+
+    try:
+        url = push_checkpoint(
+            args.checkpoint,
+            args.repo_id,
+            private=args.private,
+            revision=args.revision,
+            token=args.token,
+            commit_message=args.commit_message,
+        )
+    except HubPushError as error:
+        print(f"damcha-hf push: {error}", file=sys.stderr)
+        return 1
+    print("uploaded: " + ", ".join(upload_plan(args.checkpoint)))
+    print(url)
+    return 0

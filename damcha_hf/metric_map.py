@@ -1,0 +1,256 @@
+"""A picture of the learned cross-head metric: each layer's matrix `C` (mean over tokens), as a heatmap.
+
+Every DAMCHA model calls its `CrossHeadMetric` once per layer, with that layer's `layer_idx`, and the call returns the
+`C` that layer uses (after the `metric_mask` ablation). `compute_metric_map` records those outputs with forward
+hooks while a few inputs run through the model, and averages them over tokens and inputs; `write_metric_map` also
+draws one heatmap panel per layer. The *off-diagonal mass* of a layer is
+
+    sum_{i != j} |C_ij| / sum_{i, j} |C_ij|
+
+of its mean matrix: 0 for multi-head attention (`C = I`, a fresh or converted model), 1 when heads score only against
+other heads' keys.
+
+Usage:
+
+    from damcha_hf.metric_map import write_metric_map
+    result = write_metric_map(model, "metric_heatmap.png", tokenizer=tokenizer)   # built-in input
+    print(result.offdiagonal_mass)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+METRIC_MODULE_NAME = "CrossHeadMetric"  # matched by name: remote-code models define their own copy of the class
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
+DEFAULT_MAX_TOKENS = 128
+
+
+@dataclass
+class MetricMap:
+    """Mean cross-head matrices of one model on some inputs."""
+
+    matrices: torch.Tensor  # (layers, heads, heads), float32 on CPU
+    offdiagonal_mass: list[float]  # one per layer
+    tokens_seen: list[int]  # how many `C` matrices were averaged for each layer
+    panels: int = 0  # heatmap panels drawn (one per layer); 0 until written
+    path: Path | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return self.matrices.shape[0]
+
+    def summary(self) -> str:
+        rows = [f"layer {layer}: off-diagonal mass {mass:.4f}" for layer, mass in enumerate(self.offdiagonal_mass)]
+        return "\n".join(rows)
+
+
+def offdiagonal_mass(matrix: torch.Tensor) -> float:
+    """`sum_{i != j} |C_ij| / sum |C_ij|` of one `(H, H)` matrix (0 when it is all zero)."""
+    magnitude = matrix.abs()
+    total = magnitude.sum()
+    if total == 0:
+        return 0.0
+    return float((total - magnitude.diagonal().sum()) / total)
+
+
+def metric_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    modules = [module for module in model.modules() if type(module).__name__ == METRIC_MODULE_NAME]
+    if not modules:
+        raise ValueError(
+            f"{type(model).__name__} has no `{METRIC_MODULE_NAME}`: the metric map needs a DAMCHA model "
+            "(convert a GPT-2 or ViT model with `damcha_hf.convert_to_damcha` first)."
+        )
+    return modules
+
+
+def is_vision_model(model: torch.nn.Module) -> bool:
+    return getattr(model, "main_input_name", "input_ids") == "pixel_values"
+
+
+def default_text() -> list[str]:
+    """A few short passages of Python standard-library source: text every machine has, no download."""
+    source = Path(textwrap.__file__).read_text(encoding="utf-8").splitlines()
+    code_lines = [line for line in source if line.strip() and not line.lstrip().startswith("#")]
+    return ["\n".join(code_lines[start : start + 8]) for start in (20, 60, 100, 140)]
+
+
+def text_inputs(model, texts: Sequence[str], tokenizer=None, max_tokens: int = DEFAULT_MAX_TOKENS) -> list[dict]:
+    """One `{"input_ids": (1, n)}` per text: the tokenizer's ids if given, else UTF-8 bytes (mod the vocabulary)."""
+    config = model.config
+    limit = min(
+        max_tokens, getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", max_tokens)
+    )
+    inputs = []
+    for text in texts:
+        if tokenizer is not None:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            ids = [byte % config.vocab_size for byte in text.encode("utf-8")]
+        if ids:
+            inputs.append({"input_ids": torch.tensor([ids[:limit]])})
+    if not inputs:
+        raise ValueError("the metric map needs at least one non-empty text input.")
+    return inputs
+
+
+def random_image_inputs(model, count: int = 4, seed: int = 0) -> list[dict]:
+    """Random pixel values of the configured image size, normalised like ImageNet inputs (mean 0, std 1)."""
+    config = model.config
+    generator = torch.Generator().manual_seed(seed)
+    shape = (count, config.num_channels, config.image_size, config.image_size)
+    return [{"pixel_values": torch.randn(shape, generator=generator)}]
+
+
+def image_folder_inputs(model, folder: Path, image_processor=None, limit: int = 16) -> list[dict]:
+    """Images of a folder (sorted, at most `limit`), through the checkpoint's image processor if there is one."""
+    from PIL import Image
+
+    paths = sorted(path for path in Path(folder).iterdir() if path.suffix.lower() in IMAGE_SUFFIXES)[:limit]
+    if not paths:
+        raise ValueError(f"--data {folder}: no images ({', '.join(IMAGE_SUFFIXES)}) in this folder.")
+    images = [Image.open(path).convert("RGB") for path in paths]
+    if image_processor is not None:
+        return [{"pixel_values": image_processor(images=images, return_tensors="pt")["pixel_values"]}]
+    size = model.config.image_size
+    pixels = [
+        torch.tensor(list(image.resize((size, size)).getdata()), dtype=torch.float32)
+        .view(size, size, 3)
+        .permute(2, 0, 1)
+        for image in images
+    ]
+    return [{"pixel_values": torch.stack(pixels) / 127.5 - 1.0}]  # [0, 255] -> [-1, 1], ViT's usual normalisation
+
+
+def default_inputs(model, tokenizer=None) -> list[dict]:
+    if is_vision_model(model):
+        return random_image_inputs(model)
+    return text_inputs(model, default_text(), tokenizer)
+
+
+def as_model_inputs(model, inputs, tokenizer=None) -> list[dict]:
+    """Accepts None (built-in input), a tensor of ids or pixels, a dict of tensors, texts, or a list of dicts."""
+    if inputs is None:
+        return default_inputs(model, tokenizer)
+    if isinstance(inputs, torch.Tensor):
+        return [{getattr(model, "main_input_name", "input_ids"): inputs}]
+    if isinstance(inputs, dict):
+        return [inputs]
+    if isinstance(inputs, str):
+        return text_inputs(model, [inputs], tokenizer)
+    if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(item, str) for item in inputs):
+        return text_inputs(model, inputs, tokenizer)
+    if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(item, dict) for item in inputs):
+        return list(inputs)
+    raise TypeError(
+        "metric-map inputs must be None (built-in input), a tensor, a dict of model inputs, a list of such dicts, "
+        f"or a list of texts; got {type(inputs).__name__}."
+    )
+
+
+@torch.no_grad()
+def compute_metric_map(model: torch.nn.Module, inputs=None, *, tokenizer=None) -> MetricMap:
+    """Run `inputs` through `model` and return each layer's cross-head matrix `C`, averaged over all tokens.
+
+    Inputs run one batch at a time without padding, so every averaged `C` belongs to a real token (or, for
+    `metric_context="sequence"`, a real sequence). The model's train/eval mode is restored afterwards.
+    """
+    variant = getattr(model.config, "cross_head_variant", "damcha")
+    if variant != "damcha":
+        raise ValueError(
+            f"{type(model).__name__} runs `cross_head_variant={variant!r}`, which has no cross-head metric C to draw; "
+            "the metric map is for `cross_head_variant='damcha'` models."
+        )
+    modules = metric_modules(model)
+    num_layers = model.config.num_hidden_layers
+    num_heads = model.config.num_attention_heads
+    sums = torch.zeros(num_layers, num_heads, num_heads, dtype=torch.float64)
+    counts = [0] * num_layers
+
+    def record(module, args, kwargs, output):
+        layer_idx = args[1] if len(args) > 1 else kwargs.get("layer_idx", 0)
+        matrices = output.detach().to(torch.float64).reshape(-1, num_heads, num_heads)
+        sums[layer_idx] += matrices.sum(dim=0).cpu()
+        counts[layer_idx] += matrices.shape[0]
+
+    handles = [module.register_forward_hook(record, with_kwargs=True) for module in modules]
+    was_training = model.training
+    device = next(model.parameters()).device
+    model.eval()
+    try:
+        for batch in as_model_inputs(model, inputs, tokenizer):
+            model(**{name: value.to(device) for name, value in batch.items()})
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    missing = [layer for layer, count in enumerate(counts) if count == 0]
+    if missing:
+        raise RuntimeError(f"layers {missing} never called the cross-head metric; is this a DAMCHA model?")
+    matrices = (sums / torch.tensor(counts, dtype=torch.float64).view(-1, 1, 1)).to(torch.float32)
+    return MetricMap(matrices, [offdiagonal_mass(matrix) for matrix in matrices], counts)
+
+
+def plot_metric_map(metric_map: MetricMap, path: str | os.PathLike, *, title: str | None = None) -> int:
+    """Draw one heatmap panel per layer into the PNG `path` (written atomically); returns the panel count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    num_layers, num_heads = metric_map.matrices.shape[:2]
+    columns = min(num_layers, 4)
+    rows = -(-num_layers // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(2.6 * columns + 1.0, 2.6 * rows + 0.6), squeeze=False)
+    # One symmetric colour scale for all panels, centred at 0, so that layers compare and signs read at a glance.
+    limit = float(metric_map.matrices.abs().max()) or 1.0
+    panels = 0
+    for layer, axis in enumerate(axes.flat):
+        if layer >= num_layers:
+            figure.delaxes(axis)
+            continue
+        image = axis.imshow(metric_map.matrices[layer].numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
+        axis.set_title(f"layer {layer}: off-diag {metric_map.offdiagonal_mass[layer]:.1%}", fontsize=9)
+        ticks = range(0, num_heads, max(1, num_heads // 8))
+        axis.set_xticks(list(ticks))
+        axis.set_yticks(list(ticks))
+        if layer + columns >= num_layers:  # bottom panel of its column
+            axis.set_xlabel("key head j", fontsize=8)
+        if layer % columns == 0:
+            axis.set_ylabel("head i", fontsize=8)
+        axis.tick_params(labelsize=7)
+        panels += 1
+    figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="C_ij")
+    figure.suptitle(title or "DAMCHA cross-head matrix C (mean over tokens)", fontsize=10)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(descriptor)
+    try:
+        figure.savefig(temporary, format="png", dpi=110)
+        os.replace(temporary, path)
+    finally:
+        plt.close(figure)
+        if os.path.exists(temporary):
+            os.remove(temporary)
+    metric_map.panels, metric_map.path = panels, path
+    return panels
+
+
+def write_metric_map(
+    model: torch.nn.Module, path: str | os.PathLike, inputs=None, *, tokenizer=None, title: str | None = None
+) -> MetricMap:
+    """`compute_metric_map` then `plot_metric_map`: returns the matrices, masses, panel count and path."""
+    metric_map = compute_metric_map(model, inputs, tokenizer=tokenizer)
+    plot_metric_map(metric_map, path, title=title)
+    return metric_map
+
+
+__all__ = ["MetricMap", "compute_metric_map", "offdiagonal_mass", "plot_metric_map", "write_metric_map"]

@@ -1,0 +1,436 @@
+"""Hub export: model cards, `save_hub_checkpoint`, `push_checkpoint` (HfApi faked at the network), `inspect`."""
+
+import inspect
+import json
+import math
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import huggingface_hub
+import pytest
+import torch
+import yaml
+from conftest import randomize_metric, tiny_damcha_gpt2_config
+from huggingface_hub import HfApi, ModelCard
+from PIL import Image
+from test_remote_code import load_in_fresh_process
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+from transformers.dynamic_module_utils import get_relative_import_files
+
+import damcha_hf
+from damcha_hf import hub
+from damcha_hf.cli import main as cli_main
+from damcha_hf.metric_map import compute_metric_map, write_metric_map
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# The model code a GPT-2 checkpoint carries: the config and model files and their relative imports (found by
+# transformers' own resolver, independent of damcha_hf.hub).
+GPT2_CODE_FILES = sorted(
+    {"configuration_damcha_gpt2.py", "modeling_damcha_gpt2.py"}
+    | {Path(path).name for path in get_relative_import_files(inspect.getfile(damcha_hf.DamchaGPT2LMHeadModel))}
+)
+
+# A Trainer `state.log_history`, in the shape transformers writes it.
+LOG_HISTORY = [
+    {"loss": 4.5, "grad_norm": 1.2, "learning_rate": 5e-4, "epoch": 0.5, "step": 10},
+    {
+        "eval_loss": 4.25,
+        "eval_runtime": 1.5,
+        "eval_samples_per_second": 20.0,
+        "eval_steps_per_second": 2.0,
+        "epoch": 0.5,
+        "step": 10,
+    },
+    {"loss": 3.875, "grad_norm": 0.9, "learning_rate": 2.5e-4, "epoch": 1.0, "step": 20},
+    {
+        "eval_loss": 3.75,
+        "eval_accuracy": 0.3125,
+        "eval_runtime": 1.5,
+        "eval_samples_per_second": 20.0,
+        "epoch": 1.0,
+        "step": 20,
+    },
+    {
+        "train_runtime": 90.0,
+        "train_samples_per_second": 7.1,
+        "train_steps_per_second": 0.2,
+        "total_flos": 1e9,
+        "train_loss": 4.1875,
+        "epoch": 1.0,
+        "step": 20,
+    },
+]
+
+SECTIONS = [
+    "## DAMCHA settings",
+    "## How to load",
+    "## Learned cross-head metric",
+    "## Training details",
+    "## Evaluation results",
+    "## Limitations",
+    "## Citation",
+]
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer with fewer ids than the tiny model's vocabulary, built offline."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=90, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()[:70], special_tokens=["<|endoftext|>"]
+    )
+    tokenizer.train_from_iterator(["def return import class self lambda"] * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
+
+
+def tiny_lm(**overrides) -> damcha_hf.DamchaGPT2LMHeadModel:
+    model = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(**overrides)).eval()
+    randomize_metric(model, scale=0.3)
+    return model
+
+
+def front_matter(text: str) -> dict:
+    match = re.match(r"^---\n(.*?)\n---\n", text, flags=re.DOTALL)
+    assert match, "the card starts with a YAML block"
+    return yaml.safe_load(match.group(1))
+
+
+def model_index_metrics(metadata: dict) -> dict[str, float]:
+    (entry,) = metadata["model-index"]
+    (result,) = entry["results"]
+    return {metric["type"]: metric["value"] for metric in result["metrics"]}
+
+
+# ----------------------------------------------------------------------------------------------------------- cards
+
+
+def test_card_metadata_sections_and_results_follow_the_log_history(tmp_path):
+    model = tiny_lm()
+    card = hub.build_model_card(
+        model,
+        log_history=LOG_HISTORY,
+        base_model="openai-community/gpt2",
+        datasets=["wikitext"],
+        images={"loss_curve": "loss_curve.png", "metric_heatmap": "metric_heatmap.png"},
+    )
+    path = tmp_path / "README.md"
+    card.save(path)
+    loaded = ModelCard.load(path)
+    data = loaded.data.to_dict()
+    assert data["library_name"] == "transformers"
+    assert "damcha" in data["tags"] and "custom_code" in data["tags"]
+    assert data["pipeline_tag"] == "text-generation"
+    assert data["base_model"] == "openai-community/gpt2"
+    assert data["datasets"] == ["wikitext"]
+    assert data["license"] == "apache-2.0"
+
+    # The model-index holds the last evaluation of the log (bookkeeping keys dropped) and the LM's perplexity.
+    metadata = front_matter(path.read_text())
+    assert metadata["model-index"][0]["results"][0]["task"]["type"] == "text-generation"
+    assert metadata["model-index"][0]["results"][0]["dataset"]["type"] == "wikitext"
+    assert model_index_metrics(metadata) == pytest.approx(
+        {"loss": 3.75, "accuracy": 0.3125, "perplexity": math.exp(3.75)}
+    )
+
+    text = loaded.text
+    positions = [text.index(section) for section in SECTIONS]
+    assert positions == sorted(positions)
+    assert "| 10 | 0.5 | 4.5 | 4.25 |  |" in text  # step, epoch, training loss, validation loss, accuracy
+    assert "| 20 | 1 | 3.875 | 3.75 | 0.3125 |" in text
+    assert "runtime" not in text.split("## Evaluation results")[1].split("##")[0]
+    assert "- steps: 20" in text and "- mean training loss: 4.1875" in text and "- peak learning rate: 0.0005" in text
+    assert "![Training and validation loss](loss_curve.png)" in text
+    assert "![Mean cross-head matrix C per layer](metric_heatmap.png)" in text
+    assert "trust_remote_code=True" in text and "import damcha_hf" in text
+    assert "AutoModelForCausalLM.from_pretrained" in text
+    generator = sum(p.numel() for name, p in model.named_parameters() if "cross_head_metric" in name)
+    assert f"{generator:,} ({100 * generator / model.num_parameters():.3f}% of the model)" in text
+    # The citation names the paper and says that its authors are not recorded, rather than inventing them.
+    citation = text.split("## Citation")[1]
+    assert hub.PAPER_TITLE in citation and "author =" not in citation and "not recorded" in citation
+
+
+def test_card_pipeline_tags_given_results_and_absent_log():
+    classifier = damcha_hf.DamchaGPT2ForSequenceClassification(tiny_damcha_gpt2_config(num_labels=3))
+    card = hub.build_model_card(classifier, eval_results={"eval_accuracy": 0.75, "eval_f1": 0.5}, datasets="imdb")
+    metadata = front_matter(str(card))
+    assert metadata["pipeline_tag"] == "text-classification"
+    assert model_index_metrics(metadata) == {"accuracy": 0.75, "f1": 0.5}
+    assert "No training log was recorded" in card.text and "AutoModelForSequenceClassification" in card.text
+    assert "base_model" not in metadata
+
+    base = damcha_hf.DamchaGPT2Model(tiny_damcha_gpt2_config())
+    metadata = front_matter(str(hub.build_model_card(base)))
+    assert metadata["pipeline_tag"] == "feature-extraction" and "model-index" not in metadata
+
+
+def test_card_refuses_a_local_base_model_path(tmp_path):
+    with pytest.raises(ValueError, match="base_model.*local path.*Hub id"):
+        hub.build_model_card(tiny_lm(), base_model=str(tmp_path))
+
+
+def test_loss_curve_is_a_png_and_needs_a_logged_loss(tmp_path):
+    assert hub.write_loss_curve(LOG_HISTORY, tmp_path / "loss.png")
+    assert (tmp_path / "loss.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert not hub.write_loss_curve([{"train_runtime": 1.0, "step": 0}], tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()
+
+
+# ------------------------------------------------------------------------------------------------ checkpoint folder
+
+
+def all_text(folder: Path) -> str:
+    return "\n".join(path.read_bytes().decode("utf-8", "replace") for path in folder.rglob("*") if path.is_file())
+
+
+def test_save_hub_checkpoint_writes_everything_atomically(tmp_path):
+    model, tokenizer = tiny_lm(), tiny_tokenizer()
+    folder = tmp_path / "run" / "hub"
+    returned = hub.save_hub_checkpoint(
+        model, folder, tokenizer_or_processor=tokenizer, log_history=LOG_HISTORY, datasets=["wikitext"]
+    )
+    assert returned == folder
+    names = {path.name for path in folder.iterdir()}
+    assert names == {
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+        "README.md", "loss_curve.png", "metric_heatmap.png", *GPT2_CODE_FILES,
+    } | ({"special_tokens_map.json"} & names)  # fmt: skip
+    readme = (folder / "README.md").read_text()
+    assert "(loss_curve.png)" in readme and "(metric_heatmap.png)" in readme and "| 1 | " in readme  # mass table
+    assert str(tmp_path) not in all_text(folder)
+    assert [path.name for path in (tmp_path / "run").iterdir()] == ["hub"]  # no temporary folder left beside it
+
+    reloaded = damcha_hf.DamchaGPT2LMHeadModel.from_pretrained(folder).eval()
+    inputs = torch.randint(0, 90, (1, 9))
+    with torch.no_grad():
+        assert torch.equal(reloaded(inputs).logits, model(inputs).logits)
+
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        hub.save_hub_checkpoint(model, folder)
+
+    class BrokenTokenizer:
+        def save_pretrained(self, directory):
+            Path(directory, "tokenizer.json").write_text("{")
+            raise OSError("disk full")
+
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    with pytest.raises(OSError, match="disk full"):
+        hub.save_hub_checkpoint(model, folder, tokenizer_or_processor=BrokenTokenizer(), overwrite=True)
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before  # the old checkpoint is untouched
+    assert [path.name for path in (tmp_path / "run").iterdir()] == ["hub"]
+
+    hub.save_hub_checkpoint(model, folder, overwrite=True, metric_heatmap=False)
+    assert not (folder / "tokenizer.json").exists() and not (folder / "metric_heatmap.png").exists()
+    assert "No training log was recorded" in (folder / "README.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------------------- push
+
+
+class FakeHub:
+    """Stands in for the Hub behind `HfApi`: records every call, writes committed files into a local folder."""
+
+    def __init__(self, root: Path):
+        self.root, self.calls = root, []
+
+    def install(self, monkeypatch):
+        hub_ = self
+
+        def create_repo(self, repo_id, *, private=False, exist_ok=False, repo_type=None, **kwargs):
+            hub_.calls.append(("create_repo", repo_id, {"private": private, "exist_ok": exist_ok, "token": self.token}))
+            return SimpleNamespace(repo_id=repo_id)
+
+        def create_branch(self, repo_id, *, branch, exist_ok=False, repo_type=None, **kwargs):
+            hub_.calls.append(("create_branch", repo_id, {"branch": branch}))
+
+        def create_commit(self, repo_id, operations, *, commit_message, revision=None, repo_type=None, **kwargs):
+            hub_.calls.append(
+                ("create_commit", repo_id, {"revision": revision, "files": sorted(o.path_in_repo for o in operations)})
+            )
+            for operation in operations:
+                target = hub_.root / repo_id / (revision or "main") / operation.path_in_repo
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with operation.as_file() as handle:
+                    target.write_bytes(handle.read())
+            return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/fake")
+
+        def refuse(self, *args, **kwargs):
+            raise AssertionError("an unexpected HfApi call")
+
+        for name in ("upload_folder", "upload_file", "repo_info", "list_repo_files", "preupload_lfs_files", "whoami"):
+            monkeypatch.setattr(HfApi, name, refuse)
+        monkeypatch.setattr(HfApi, "create_repo", create_repo)
+        monkeypatch.setattr(HfApi, "create_branch", create_branch)
+        monkeypatch.setattr(HfApi, "create_commit", create_commit)
+        return self
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    return FakeHub(tmp_path / "fake_hub").install(monkeypatch)
+
+
+@pytest.fixture
+def online(monkeypatch):
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(name, "0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+
+
+def trainer_output_dir(tmp_path: Path, model) -> Path:
+    """A checkpoint folder as a training run leaves it: the Hub files plus state that must never be uploaded."""
+    folder = hub.save_hub_checkpoint(
+        model, tmp_path / "output", tokenizer_or_processor=tiny_tokenizer(), log_history=LOG_HISTORY
+    )
+    for junk in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin", "pytorch_model.bin", "train.py"):
+        (folder / junk).write_bytes(b"not for the hub")
+    (folder / "trainer_state.json").write_text(json.dumps({"log_history": [], "best_model_checkpoint": str(folder)}))
+    (folder / "runs").mkdir()
+    (folder / "runs" / "events.out.tfevents").write_bytes(b"x")
+    (folder / "stray.png").write_bytes(PNG_SIGNATURE)
+    return folder
+
+
+def test_push_uploads_only_the_hub_files_and_the_result_loads_with_remote_code(tmp_path, fake_hub, online):
+    model = tiny_lm()
+    folder = trainer_output_dir(tmp_path, model)
+
+    url = hub.push_checkpoint(folder, "someone/tiny-damcha", private=True, revision="v1", token="hf_fake")
+
+    assert url == "https://huggingface.co/someone/tiny-damcha/commit/fake"
+    assert [call[0] for call in fake_hub.calls] == ["create_repo", "create_branch", "create_commit"]
+    assert fake_hub.calls[0][2] == {"private": True, "exist_ok": True, "token": "hf_fake"}
+    assert fake_hub.calls[1][2] == {"branch": "v1"}
+    repo = fake_hub.root / "someone/tiny-damcha" / "v1"
+    uploaded = sorted(str(path.relative_to(repo)) for path in repo.rglob("*") if path.is_file())
+    assert uploaded == sorted([
+        "README.md", "config.json", "generation_config.json", "loss_curve.png", "metric_heatmap.png",
+        "model.safetensors", "tokenizer.json", "tokenizer_config.json", *GPT2_CODE_FILES,
+    ] + (["special_tokens_map.json"] if (folder / "special_tokens_map.json").exists() else []))  # fmt: skip
+    for name in uploaded:
+        assert (repo / name).read_bytes() == (folder / name).read_bytes() or name == "README.md"
+    uploaded_text = all_text(repo)
+    assert str(tmp_path) not in uploaded_text and str(Path.home()) not in uploaded_text
+    readme = (repo / "README.md").read_text()
+    assert 'from_pretrained("someone/tiny-damcha", trust_remote_code=True)' in readme
+    assert hub.REPO_PLACEHOLDER not in readme
+
+    inputs = {"input_ids": torch.randint(0, 90, (2, 7))}
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    report = load_in_fresh_process(repo, inputs, ["AutoModelForCausalLM"], tmp_path / "fresh")
+    assert report["damcha_hf_importable"] is False
+    assert report["classes"]["AutoModelForCausalLM"][0].startswith("transformers_modules.")
+    assert torch.equal(report["logits"], expected)
+
+
+def test_push_fails_fast_offline(tmp_path, fake_hub, capsys, monkeypatch):
+    folder = tmp_path / "checkpoint"
+    tiny_lm().save_pretrained(folder)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(hub.HubPushError, match="offline mode.*HF_HUB_OFFLINE"):
+        hub.push_checkpoint(folder, "someone/tiny-damcha", token="hf_fake")
+    assert cli_main(["push", str(folder), "someone/tiny-damcha", "--token", "hf_fake"]) == 1
+    assert "offline mode" in capsys.readouterr().err
+    assert fake_hub.calls == []
+
+
+def test_push_fails_fast_without_a_token(tmp_path, fake_hub, online, monkeypatch, capsys):
+    folder = tmp_path / "checkpoint"
+    tiny_lm().save_pretrained(folder)
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    with pytest.raises(hub.HubPushError, match="no Hugging Face token.*--token.*HF_TOKEN"):
+        hub.push_checkpoint(folder, "someone/tiny-damcha")
+    assert cli_main(["push", str(folder), "someone/tiny-damcha"]) == 1
+    assert "no Hugging Face token" in capsys.readouterr().err
+    assert fake_hub.calls == []
+
+
+def test_push_refuses_pickled_weights_bad_ids_and_local_paths(tmp_path, fake_hub, online):
+    folder = tmp_path / "checkpoint"
+    tiny_lm().save_pretrained(folder)
+    with pytest.raises(hub.HubPushError, match="not a valid Hub id"):
+        hub.push_checkpoint(folder, "no spaces/allowed here", token="hf_fake")
+    (folder / "README.md").write_text(f"trained in {folder}\n")
+    with pytest.raises(hub.HubPushError, match="README.md contains the local path"):
+        hub.push_checkpoint(folder, "someone/tiny-damcha", token="hf_fake")
+    (folder / "README.md").unlink()
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    with pytest.raises(hub.HubPushError, match="no safetensors weights.*pytorch_model.bin"):
+        hub.push_checkpoint(folder, "someone/tiny-damcha", token="hf_fake")
+    assert fake_hub.calls == []
+
+
+# ---------------------------------------------------------------------------------------------------------- inspect
+
+
+@torch.no_grad()
+def naive_mean_cross_head(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """Oracle: C = I + W2 gelu(W1 x + b1) + b2 on each layer's normalised attention input, averaged over tokens."""
+    transformer = model.transformer
+    hidden_states = transformer(input_ids, output_hidden_states=True).hidden_states
+    heads = model.config.n_head
+    matrices = []
+    for layer, block in enumerate(transformer.h):
+        generator = transformer.cross_head_metric.generators[0]
+        x = block.ln_1(hidden_states[layer])
+        hidden = torch.nn.functional.gelu(x @ generator.fc_in.weight.T + generator.fc_in.bias)
+        offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).view(*x.shape[:-1], heads, heads)
+        matrices.append((torch.eye(heads) + offsets).mean(dim=(0, 1)))
+    return torch.stack(matrices)
+
+
+def test_metric_map_matches_a_naive_recomputation():
+    model = tiny_lm(n_layer=3)
+    input_ids = torch.randint(0, 97, (1, 12))
+    metric_map = compute_metric_map(model, {"input_ids": input_ids})
+    expected = naive_mean_cross_head(model, input_ids)
+    torch.testing.assert_close(metric_map.matrices, expected, atol=1e-5, rtol=1e-5)
+    assert metric_map.tokens_seen == [12, 12, 12]
+    for layer, matrix in enumerate(expected):
+        off_diagonal = matrix.abs().sum() - matrix.diagonal().abs().sum()
+        assert metric_map.offdiagonal_mass[layer] == pytest.approx(float(off_diagonal / matrix.abs().sum()), rel=1e-5)
+        assert 0.05 < metric_map.offdiagonal_mass[layer] < 1
+
+    fresh = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config()).eval()  # generator at zero: C = I
+    fresh_map = compute_metric_map(fresh)
+    assert torch.equal(fresh_map.matrices, torch.eye(4).expand(2, 4, 4)) and fresh_map.offdiagonal_mass == [0.0, 0.0]
+    model.config.metric_mask = "diagonal"
+    assert compute_metric_map(model).offdiagonal_mass == [0.0, 0.0, 0.0]
+
+
+def test_inspect_writes_a_png_with_one_panel_per_layer(tmp_path, capsys):
+    folder = tmp_path / "checkpoint"
+    tiny_lm(n_layer=3).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    output = tmp_path / "pictures" / "c.png"
+
+    assert cli_main(["inspect", str(folder), "--output", str(output)]) == 0
+    printed = capsys.readouterr().out
+    assert len(re.findall(r"^layer \d: off-diagonal mass \d\.\d{4}$", printed, flags=re.MULTILINE)) == 3
+    assert "(3 panels)" in printed
+    assert output.read_bytes().startswith(PNG_SIGNATURE)
+    with Image.open(output) as image:
+        image.verify()
+    with Image.open(output) as image:
+        assert image.size == (round((2.6 * 3 + 1.0) * 110), round((2.6 + 0.6) * 110))  # 3 panels in one row
+
+    data = tmp_path / "sample.txt"
+    data.write_text("def f(x):\n    return x + 1\n" * 40)
+    assert cli_main(["inspect", str(folder), "--data", str(data)]) == 0
+    assert (folder / hub.METRIC_HEATMAP_FILE).read_bytes().startswith(PNG_SIGNATURE)
+    assert cli_main(["inspect", str(folder), "--data", str(tmp_path / "missing.txt")]) == 2
+    assert "must be a text file" in capsys.readouterr().err
+
+
+def test_heatmap_panels_equal_layers_for_wider_stacks(tmp_path):
+    model = tiny_lm(n_layer=6)
+    metric_map = write_metric_map(model, tmp_path / "six.png")
+    assert metric_map.panels == 6 == metric_map.num_layers
+    with Image.open(tmp_path / "six.png") as image:  # 4 columns, 2 rows
+        assert image.size == (round((2.6 * 4 + 1.0) * 110), round((2.6 * 2 + 0.6) * 110))

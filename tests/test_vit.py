@@ -27,18 +27,18 @@ from damcha_hf.cli import main as cli_main
 CONTEXTS = ["sequence", "token", "query"]
 MASKS = ["full", "diagonal", "offdiagonal"]
 
-TINY_VIT = dict(
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    image_size=28,
-    patch_size=4,
-    num_channels=1,
-    num_labels=3,
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-)
+TINY_VIT = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "image_size": 28,
+    "patch_size": 4,
+    "num_channels": 1,
+    "num_labels": 3,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
 
 
 def tiny_vit_config(**overrides) -> ViTConfig:
@@ -374,7 +374,9 @@ def test_interpolate_pos_encoding_on_a_larger_image():
     damcha = damcha.double()
     larger = larger.double()
     got = damcha(larger, interpolate_pos_encoding=True).logits
-    torch.testing.assert_close(got, oracle_forward(damcha, larger, interpolate_pos_encoding=True)[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        got, oracle_forward(damcha, larger, interpolate_pos_encoding=True)[0], rtol=1e-5, atol=1e-6
+    )
     with pytest.raises(ValueError, match="interpolate_pos_encoding=True"):
         damcha(larger)
 
@@ -424,11 +426,11 @@ def test_vit_small_preset_shape_and_generator_share(capsys):
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        (dict(image_size=30), r"`image_size` \(30\) must be divisible by `patch_size` \(4\)"),
-        (dict(image_size=[28, 30]), r"`image_size`.*must be divisible by `patch_size`"),
-        (dict(metric_context="global"), "metric_context"),
-        (dict(metric_mask="upper"), "metric_mask"),
-        (dict(num_attention_heads=5), "num_attention_heads"),
+        ({"image_size": 30}, r"`image_size` \(30\) must be divisible by `patch_size` \(4\)"),
+        ({"image_size": [28, 30]}, r"`image_size`.*must be divisible by `patch_size`"),
+        ({"metric_context": "global"}, "metric_context"),
+        ({"metric_mask": "upper"}, "metric_mask"),
+        ({"num_attention_heads": 5}, "num_attention_heads"),
     ],
 )
 def test_bad_config_raises_clear_error(overrides, match):

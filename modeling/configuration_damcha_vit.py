@@ -31,6 +31,8 @@ class DamchaViTConfig(ViTConfig):
     metric_context: str = "sequence"
     metric_mask: str = "full"
     metric_sharing: str = "stack"
+    cross_head_variant: str = "damcha"
+    dcmha_rank: int = 2
 
     def validate_metric_options(self):
         check_metric_options(self, causal=False)

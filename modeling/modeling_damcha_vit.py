@@ -30,16 +30,27 @@ from transformers.models.vit.modeling_vit import (
 )
 
 from .configuration_damcha_vit import DamchaViTConfig, _pair
-from .damcha_attention import CrossHeadMetric, cross_head_attention, init_metric_generator
+from .damcha_attention import (
+    CrossHeadMetric,
+    build_cross_head_mixing,
+    cross_head_attention,
+    cross_head_variant_of,
+    eager_attn_implementation_for,
+    init_cross_head_weights,
+)
 
 
 class DamchaViTAttention(ViTAttention):
-    """ViT self-attention with DAMCHA's cross-head metric; the metric comes in as `cross_head_metric`."""
+    """ViT self-attention with DAMCHA's cross-head metric; the metric comes in as `cross_head_metric`.
+
+    For `cross_head_variant="talking_heads"` / `"dcmha"` the layer owns its head-mixing module, `cross_head_mixing`.
+    """
 
     def __init__(self, config: DamchaViTConfig, layer_idx: int):
         super().__init__(config)
         # Picks the layer's generator under `metric_sharing="layer"`; plain ViT layers have no index.
         self.layer_idx = layer_idx
+        self.cross_head_mixing = build_cross_head_mixing(config)
 
     def forward(
         self,
@@ -48,8 +59,6 @@ class DamchaViTAttention(ViTAttention):
         cross_head_metric: CrossHeadMetric | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if cross_head_metric is None:
-            raise ValueError("DamchaViTAttention needs the model's `cross_head_metric`; call it through DamchaViTModel.")
         head_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
         query, key, value = (
             projection(hidden_states).view(head_shape).transpose(1, 2)
@@ -94,7 +103,14 @@ class DamchaViTPreTrainedModel(ViTPreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        init_metric_generator(module)
+        init_cross_head_weights(module, std=self.config.initializer_range)
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
+        # Talking-heads and DCMHA run only in eager attention: default to it for them, refuse other backends.
+        eager_only = eager_attn_implementation_for(self.config, attn_implementation)
+        if eager_only is not None:
+            return eager_only
+        return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
 
 
 def check_pixel_values(config: DamchaViTConfig, pixel_values, interpolate_pos_encoding: bool | None) -> None:
@@ -144,7 +160,9 @@ class DamchaViTModel(DamchaViTPreTrainedModel, ViTModel):
         self.layers = nn.ModuleList([DamchaViTLayer(config, layer_idx=i) for i in range(config.num_hidden_layers)])
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.pooler = ViTPooler(config) if add_pooling_layer else None
-        self.cross_head_metric = CrossHeadMetric.from_config(config)
+        # Only DAMCHA has a metric generator; the other variants carry no unused parameters.
+        damcha = cross_head_variant_of(config) == "damcha"
+        self.cross_head_metric = CrossHeadMetric.from_config(config) if damcha else None
         self.post_init()
 
     @functools.wraps(ViTModel.forward)
@@ -157,7 +175,8 @@ class DamchaViTModel(DamchaViTPreTrainedModel, ViTModel):
         **kwargs,
     ):
         check_pixel_values(self.config, pixel_values, interpolate_pos_encoding)
-        if attention_mask is not None and self.config.metric_context == "sequence" and not bool(attention_mask.all()):
+        sequence_metric = cross_head_variant_of(self.config) == "damcha" and self.config.metric_context == "sequence"
+        if attention_mask is not None and sequence_metric and not bool(attention_mask.all()):
             raise ValueError(
                 "`metric_context='sequence'` averages every token of an image, masked ones included, so it cannot "
                 "honour an `attention_mask` that masks tokens; use `metric_context='token'` or `'query'` with one."

@@ -1,4 +1,5 @@
-"""The paper's baselines under the same roof: talking-heads, DCMHA and plain MHA (`cross_head_variant`) in DAMCHA GPT-2.
+"""The paper's baselines under the same roof: talking-heads, DCMHA and plain MHA (`cross_head_variant`) in DAMCHA GPT-2
+and DAMCHA ViT.
 
 Oracles: vanilla `GPT2LMHeadModel` (every variant starts as MHA), and a naive per-head-pair attention written out
 below from the papers' formulas, with explicit loops over batch, query, key and head pairs.
@@ -9,10 +10,17 @@ import math
 import pytest
 import torch
 from conftest import tiny_damcha_gpt2_config, tiny_gpt2_config
-from transformers import AutoConfig, AutoModelForCausalLM, GPT2LMHeadModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageClassification,
+    GPT2LMHeadModel,
+    ViTConfig,
+    ViTForImageClassification,
+)
 
 import damcha_hf
-from damcha_hf import DamchaGPT2Config, DamchaGPT2LMHeadModel
+from damcha_hf import DamchaGPT2Config, DamchaGPT2LMHeadModel, DamchaViTConfig, DamchaViTForImageClassification
 
 VARIANTS = ["damcha", "talking_heads", "dcmha", "none"]
 SCORE_MIXING = ["talking_heads", "dcmha"]
@@ -54,7 +62,7 @@ def head_mixing_matrices(attention, x, variant):
     """`M[stage][b, t, s]`: the H x H matrix that maps the head vector of entry (t, s) of the logits (stage 0) or of
     the weights (stage 1), written from the papers' formulas with the layer's raw parameters."""
     batch, seq, _ = x.shape
-    heads = attention.num_heads
+    heads = attention.config.num_attention_heads
     mixing = attention.cross_head_mixing
     if variant == "talking_heads":
         return [p.expand(batch, seq, seq, heads, heads) for p in (mixing.logits_projection, mixing.weights_projection)]
@@ -88,14 +96,18 @@ def head_mixing_matrices(attention, x, variant):
     return matrices
 
 
-def oracle_attention(attention, x, variant):
-    """One causal GPT-2 attention layer written out by hand for a score-mixing variant: per entry (t, s), the head
-    vector of the logits is mixed by M_pre(t, s), masked, softmaxed per head, and mixed again by M_post(t, s)."""
+def oracle_attention(attention, x, variant, causal=True):
+    """One attention layer (GPT-2's, or ViT's with `causal=False`) written out by hand for a score-mixing variant:
+    per entry (t, s), the head vector of the logits is mixed by M_pre(t, s), masked, softmaxed per head, and mixed
+    again by M_post(t, s)."""
     batch, seq, hidden = x.shape
-    heads = attention.num_heads
+    heads = attention.num_heads if causal else attention.config.num_attention_heads
     head_dim = hidden // heads
-    qkv = x @ attention.c_attn.weight + attention.c_attn.bias
-    q, k, v = (t.reshape(batch, seq, heads, head_dim) for t in qkv.split(hidden, dim=-1))
+    if causal:  # GPT-2: one Conv1D (x @ W + b) for q, k, v
+        qkv = (x @ attention.c_attn.weight + attention.c_attn.bias).split(hidden, dim=-1)
+    else:  # ViT: nn.Linear (x @ W^T + b) each
+        qkv = [x @ p.weight.T + p.bias for p in (attention.q_proj, attention.k_proj, attention.v_proj)]
+    q, k, v = (t.reshape(batch, seq, heads, head_dim) for t in qkv)
     pre, post = head_mixing_matrices(attention, x, variant)
     out = torch.zeros(batch, seq, heads, head_dim)
     for b in range(batch):
@@ -104,13 +116,17 @@ def oracle_attention(attention, x, variant):
             for s in range(seq):
                 raw = torch.stack([q[b, t, j] @ k[b, s, j] / math.sqrt(head_dim) for j in range(heads)])
                 logits[:, s] = pre[b, t, s] @ raw
-            logits[:, t + 1 :] = float("-inf")  # causal, applied after the mix
+            visible = t + 1 if causal else seq
+            logits[:, visible:] = float("-inf")  # causal, applied after the mix
             weights = torch.softmax(logits, dim=-1)
-            for s in range(t + 1):
+            for s in range(visible):
                 mixed = post[b, t, s] @ weights[:, s]
                 for i in range(heads):
                     out[b, t, i] += mixed[i] * v[b, s, i]
-    return out.reshape(batch, seq, hidden) @ attention.c_proj.weight + attention.c_proj.bias
+    out = out.reshape(batch, seq, hidden)
+    if causal:
+        return out @ attention.c_proj.weight + attention.c_proj.bias
+    return out @ attention.o_proj.weight.T + attention.o_proj.bias
 
 
 @pytest.mark.parametrize("variant", SCORE_MIXING)
@@ -316,3 +332,72 @@ def test_dcmha_checkpoint_loads_as_remote_code_without_the_plugin(tmp_path):
     assert report["damcha_hf_importable"] is False
     assert report["classes"]["AutoModelForCausalLM"][1] == "DamchaGPT2LMHeadModel"
     torch.testing.assert_close(report["logits"], expected, rtol=0, atol=1e-6)
+
+
+# --- ViT: the same variants on DamchaViT ------------------------------------------------------------------------
+
+TINY_VIT = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    image_size=16,
+    patch_size=4,
+    num_channels=1,
+    num_labels=3,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+
+
+def images(batch=2, seed=0):
+    return torch.randn(batch, 1, 16, 16, generator=torch.Generator().manual_seed(seed))
+
+
+def variant_vit(variant, randomize=True, **overrides) -> DamchaViTForImageClassification:
+    config = DamchaViTConfig(**{**TINY_VIT, "metric_hidden_size": 16, "cross_head_variant": variant, **overrides})
+    model = DamchaViTForImageClassification(config).eval()
+    if randomize:
+        randomize_cross_head(model)
+    return model
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_converted_vit_equals_vanilla(variant):
+    vanilla = ViTForImageClassification(ViTConfig(**TINY_VIT)).eval()
+    model = damcha_hf.convert_to_damcha(vanilla, cross_head_variant=variant)
+    assert type(model) is DamchaViTForImageClassification and model.config.cross_head_variant == variant
+    pixels = images()
+    with torch.no_grad():
+        torch.testing.assert_close(model(pixels).logits, vanilla(pixels).logits, rtol=0, atol=1e-5)
+    with torch.no_grad():  # and the variant matters once its parameters move
+        randomize_cross_head(model)
+        moved = model(pixels).logits
+    if variant != "none":
+        assert (moved - vanilla(pixels).logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("variant", SCORE_MIXING)
+def test_vit_attention_layer_matches_head_pair_oracle(variant):
+    model = variant_vit(variant)
+    attention = model.vit.layers[1].attention
+    x = torch.randn(2, 6, 32)
+    with torch.no_grad():
+        out, _ = attention(x)
+        expected = oracle_attention(attention, x, variant, causal=False)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", SCORE_MIXING)
+def test_vit_save_load_auto_round_trip_and_backend_error(variant, tmp_path):
+    model = variant_vit(variant, dcmha_rank=1)
+    assert model.config._attn_implementation == "eager"
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForImageClassification.from_pretrained(tmp_path).eval()
+    assert type(loaded) is DamchaViTForImageClassification
+    assert (loaded.config.cross_head_variant, loaded.config.dcmha_rank) == (variant, 1)
+    pixels = images()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(pixels).logits, model(pixels).logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        AutoModelForImageClassification.from_pretrained(tmp_path, attn_implementation="sdpa")

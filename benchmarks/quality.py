@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import (  # noqa: E402
+from bench_common import (  # noqa: E402
     count_parameters,
     format_table,
     gpt2_config_kwargs,

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import (  # noqa: E402
+from bench_common import (  # noqa: E402
     GPT2_CONTEXTS,
     VIT_CONTEXTS,
     count_parameters,
@@ -50,7 +50,7 @@ from common import (  # noqa: E402
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small preset (2 layers, seq 256, batch 2): ~2 minutes")
+    parser.add_argument("--quick", action="store_true", help="small preset (2 layers, seq 256, batch 1): a few minutes")
     parser.add_argument("--tiny", action="store_true", help="smallest preset, for the tests (seconds)")
     parser.add_argument("--layers", type=int, help="GPT-2 and ViT layers (default 12)")
     parser.add_argument("--width", type=int, help="GPT-2 width (default 768)")
@@ -66,6 +66,7 @@ def parse_args(argv=None):
     parser.add_argument("--gen-prompt", type=int, help="generation prompt length (default 64)")
     parser.add_argument("--gen-tokens", type=int, help="greedy new tokens per generation (default 128)")
     parser.add_argument("--gen-batch", type=int, default=1, help="generation batch (default 1)")
+    parser.add_argument("--vocab", type=int, help="GPT-2 vocabulary (default 50257)")
     parser.add_argument("--metric-hidden-size", type=int, default=64)
     parser.add_argument("--models", nargs="+", default=["gpt2", "vit"], choices=["gpt2", "vit"])
     parser.add_argument("--no-variants", action="store_true", help="skip the cross_head_variant baseline rows")
@@ -76,18 +77,18 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
 
     preset = dict(layers=12, width=768, heads=12, vit_width=384, vit_heads=6, image_size=224, seq=[512, 1024],
-                  batch=4, repeats=7, warmup=2, gen_prompt=64, gen_tokens=128)  # fmt: skip
+                  batch=4, repeats=7, warmup=2, gen_prompt=64, gen_tokens=128, vocab=50257)  # fmt: skip
     if args.quick:
-        preset.update(layers=2, seq=[256], batch=2, repeats=5, warmup=1, gen_prompt=16, gen_tokens=32)
+        preset.update(layers=2, seq=[256], batch=1, repeats=3, warmup=1, gen_prompt=16, gen_tokens=16)
     if args.tiny:
         preset.update(layers=1, width=64, heads=4, vit_width=64, vit_heads=4, image_size=32, seq=[32], batch=1,
-                      repeats=2, warmup=1, gen_prompt=4, gen_tokens=4)  # fmt: skip
+                      repeats=2, warmup=1, gen_prompt=4, gen_tokens=4, vocab=512)  # fmt: skip
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.vit_batch is None:
         args.vit_batch = args.batch
-    for name in ("layers", "width", "heads", "batch", "repeats", "gen_tokens", "gen_prompt", "image_size"):
+    for name in ("layers", "width", "heads", "batch", "repeats", "gen_tokens", "gen_prompt", "image_size", "vocab"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.width % args.heads or args.vit_width % args.vit_heads:
@@ -180,6 +181,7 @@ def measure(rows, batch, args, device, generation_prompt=None) -> list[dict]:
         optimizers.append(torch.optim.AdamW(model.parameters(), lr=1e-4))
     results = [dict(row=row.name, kind=row.kind, parameters=count_parameters(m), step_s=[]) for row, m in zip(rows, models)]
 
+    print(f"  built {', '.join(row.name for row in rows)}; warming up", flush=True)
     for _ in range(args.warmup):
         for model, optimizer in zip(models, optimizers):
             training_step(model, optimizer, batch)
@@ -189,6 +191,7 @@ def measure(rows, batch, args, device, generation_prompt=None) -> list[dict]:
         for index in order:
             seconds = clock.time(lambda: training_step(models[index], optimizers[index], batch))
             results[index]["step_s"].append(seconds)
+    print("  timed training steps done; measuring memory", flush=True)
     for result, model, optimizer in zip(results, models, optimizers):
         result["train_memory_bytes"], result["activation_bytes"] = training_memory(model, optimizer, batch, device)
 
@@ -281,7 +284,7 @@ def main(argv=None):
     variants = not args.no_variants
 
     if "gpt2" in args.models:
-        vocab = 50257
+        vocab = args.vocab
         for seq in args.seq:
             kwargs = gpt2_config_kwargs(args.layers, args.width, args.heads, max(seq, args.gen_prompt + args.gen_tokens), vocab)
             rows = gpt2_rows(kwargs, contexts=GPT2_CONTEXTS, metric_hidden_size=args.metric_hidden_size, variants=variants)

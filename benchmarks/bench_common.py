@@ -85,12 +85,24 @@ def vit_config_kwargs(image_size, patch_size, channels, layers, width, heads, la
     )
 
 
+def score_mixing_variants() -> tuple[str, ...]:
+    """Variants that mix the n x n score maps and therefore run on eager attention only (talking-heads, DCMHA)."""
+    try:
+        from damcha_hf.modeling.damcha_attention import SCORE_MIXING_VARIANTS
+    except ImportError:
+        return ("talking_heads", "dcmha")
+    return tuple(SCORE_MIXING_VARIANTS)
+
+
 def _paired(damcha: torch.nn.Module, reference: torch.nn.Module) -> torch.nn.Module:
-    """Copy every weight the MHA `reference` has into `damcha`, so both start from the same point (paired seeds)."""
-    missing, unexpected = damcha.load_state_dict(reference.state_dict(), strict=False)
-    extra = [key for key in missing if "cross_head" not in key and "talking" not in key and "dcmha" not in key]
-    if unexpected or extra:
-        raise RuntimeError(f"weights of the MHA model did not carry over (missing {extra[:4]}, unexpected {unexpected[:4]})")
+    """Copy every weight of the MHA `reference` into `damcha`, so both start from the same point (paired seeds).
+
+    Keys only DAMCHA has (its metric generator, a variant's mixing weights) keep their own init; a reference key that
+    DAMCHA lacks would mean a weight silently dropped, and is an error.
+    """
+    _, unexpected = damcha.load_state_dict(reference.state_dict(), strict=False)
+    if unexpected:
+        raise RuntimeError(f"weights of the MHA model have no place in {type(damcha).__name__}: {unexpected[:4]}")
     return damcha
 
 
@@ -109,16 +121,16 @@ def gpt2_rows(
     zero (its input layer from a seeded normal), so at step 0 every row computes the same function.
     """
 
-    def mha():
+    def mha(implementation=attn_implementation):
         torch.manual_seed(seed)
-        return GPT2LMHeadModel(GPT2Config(**config_kwargs, attn_implementation=attn_implementation)).train()
+        return GPT2LMHeadModel(GPT2Config(**config_kwargs, attn_implementation=implementation)).train()
 
-    def damcha(**options):
+    def damcha(implementation=attn_implementation, **options):
         def build():
-            reference = mha()
+            reference = mha(implementation)
             torch.manual_seed(seed + 1)
             config = damcha_hf.DamchaGPT2Config(
-                **config_kwargs, metric_hidden_size=metric_hidden_size, attn_implementation=attn_implementation, **options
+                **config_kwargs, metric_hidden_size=metric_hidden_size, attn_implementation=implementation, **options
             )
             model = damcha_hf.DamchaGPT2LMHeadModel(config)
             return _paired(model, reference).train()
@@ -128,8 +140,22 @@ def gpt2_rows(
     rows = [Row("MHA", mha, "mha")]
     rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
     if variants:
-        for variant in cross_head_variants(damcha_hf.DamchaGPT2Config):
-            rows.append(Row(f"variant {variant}", damcha(metric_context="token", cross_head_variant=variant), "variant"))
+        rows += _variant_rows(cross_head_variants(damcha_hf.DamchaGPT2Config), mha, damcha, "token")
+    return rows
+
+
+def _variant_rows(variants, mha, damcha, context) -> list[Row]:
+    """Baseline rows; the score-mixing ones run on eager attention (they cannot use SDPA), so an eager MHA row is
+    added as their like-for-like reference."""
+    rows = []
+    eager_only = score_mixing_variants()
+    if any(v in eager_only for v in variants):
+        rows.append(Row("MHA (eager)", lambda: mha("eager"), "mha"))
+    for variant in variants:
+        implementation = "eager" if variant in eager_only else None
+        options = dict(metric_context=context, cross_head_variant=variant)
+        build = damcha("eager", **options) if implementation else damcha(**options)
+        rows.append(Row(f"variant {variant}" + (" (eager)" if implementation else ""), build, "variant"))
     return rows
 
 
@@ -144,20 +170,20 @@ def vit_rows(
 ) -> list[Row]:
     """MHA (vanilla `ViTForImageClassification`), and DAMCHA per context once `damcha_hf` has ViT."""
 
-    def mha():
+    def mha(implementation=attn_implementation):
         torch.manual_seed(seed)
-        return ViTForImageClassification(ViTConfig(**config_kwargs, attn_implementation=attn_implementation)).train()
+        return ViTForImageClassification(ViTConfig(**config_kwargs, attn_implementation=implementation)).train()
 
     rows = [Row("MHA", mha, "mha")]
     if not has_vit():
         return rows
 
-    def damcha(**options):
+    def damcha(implementation=attn_implementation, **options):
         def build():
-            reference = mha()
+            reference = mha(implementation)
             torch.manual_seed(seed + 1)
             config = damcha_hf.DamchaViTConfig(
-                **config_kwargs, metric_hidden_size=metric_hidden_size, attn_implementation=attn_implementation, **options
+                **config_kwargs, metric_hidden_size=metric_hidden_size, attn_implementation=implementation, **options
             )
             model = damcha_hf.DamchaViTForImageClassification(config)
             return _paired(model, reference).train()
@@ -166,10 +192,7 @@ def vit_rows(
 
     rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
     if variants:
-        for variant in cross_head_variants(damcha_hf.DamchaViTConfig):
-            rows.append(
-                Row(f"variant {variant}", damcha(metric_context="sequence", cross_head_variant=variant), "variant")
-            )
+        rows += _variant_rows(cross_head_variants(damcha_hf.DamchaViTConfig), mha, damcha, "sequence")
     return rows
 
 

@@ -1,0 +1,159 @@
+"""The benchmark scripts keep running and report what they claim: their tiny presets on synthetic data, their
+measuring functions against closed-form values, and the paired starting point of the rows."""
+
+import json
+import math
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCHMARKS)
+
+import bench_common  # noqa: E402
+import quality  # noqa: E402
+import speed  # noqa: E402
+
+
+class _Linear(torch.nn.Module):
+    """`loss = relu(x W^T + b).sum()`, a model whose saved activations are known in closed form."""
+
+    def __init__(self, inputs, outputs):
+        super().__init__()
+        self.linear = torch.nn.Linear(inputs, outputs)
+
+    def forward(self, x):
+        return SimpleNamespace(loss=torch.relu(self.linear(x)).sum())
+
+
+def test_saved_activation_bytes_matches_closed_form():
+    model = _Linear(6, 10)
+    x = torch.randn(5, 6)
+    # addmm saves its input x (5 x 6) and the weight (a parameter view: excluded); relu saves its output (5 x 10).
+    assert speed.saved_activation_bytes(model, {"x": x}) == 4 * (5 * 6 + 5 * 10)
+    assert all(p.grad is None for p in model.parameters())
+
+
+class _UniformLM(torch.nn.Module):
+    def forward(self, input_ids):
+        return SimpleNamespace(logits=torch.zeros(*input_ids.shape, 256))
+
+
+class _FirstPixelClassifier(torch.nn.Module):
+    """Predicts class 1 when the first pixel is positive, else class 0."""
+
+    def forward(self, pixel_values):
+        positive = (pixel_values[:, 0, 0, 0] > 0).float()
+        return SimpleNamespace(logits=torch.stack([1 - positive, positive], dim=-1))
+
+
+def test_bits_per_byte_of_a_uniform_model_is_eight():
+    data = torch.randint(0, 256, (1000,))
+    assert quality.bits_per_byte(_UniformLM(), data, context=16, batch=7, device="cpu") == pytest.approx(8.0)
+
+
+def test_top1_counts_correct_predictions():
+    images = torch.randn(23, 1, 4, 4)
+    labels = (images[:, 0, 0, 0] > 0).long()
+    labels[:5] = 1 - labels[:5]  # five wrong
+    assert quality.top1(_FirstPixelClassifier(), images, labels, batch=4, device="cpu") == pytest.approx(18 / 23)
+
+
+def test_rows_of_a_seed_start_from_the_same_function():
+    kwargs = bench_common.gpt2_config_kwargs(2, 32, 4, 16, vocab=50)
+    rows = bench_common.gpt2_rows(kwargs, metric_hidden_size=8, seed=3, variants=False)
+    assert [row.name for row in rows] == ["MHA", "DAMCHA token", "DAMCHA query"]
+    ids = torch.randint(0, 50, (2, 16))
+    logits = [row.build().eval()(input_ids=ids).logits for row in rows]
+    for other in logits[1:]:
+        torch.testing.assert_close(other, logits[0], rtol=1e-5, atol=1e-5)
+    # a different seed is a different starting point
+    other_seed = bench_common.gpt2_rows(kwargs, metric_hidden_size=8, seed=4, variants=False)[0].build().eval()
+    assert not torch.allclose(other_seed(input_ids=ids).logits, logits[0])
+
+
+def test_mean_metric_per_layer_is_the_generators_output():
+    kwargs = bench_common.gpt2_config_kwargs(2, 32, 4, 16, vocab=50)
+    model = bench_common.gpt2_rows(kwargs, metric_hidden_size=8, variants=False)[1].build().eval()
+    with torch.no_grad():
+        for parameter in model.transformer.cross_head_metric.parameters():
+            parameter.normal_()
+    ids = torch.randint(0, 50, (2, 16))
+    layer_inputs = {}
+    handles = [
+        block.ln_1.register_forward_hook(lambda m, a, out, i=i: layer_inputs.__setitem__(i, out))
+        for i, block in enumerate(model.transformer.h)
+    ]
+    matrices = quality.mean_metric_per_layer(model, {"input_ids": ids})
+    for handle in handles:
+        handle.remove()
+    generator = model.transformer.cross_head_metric.generators[0]
+    assert len(matrices) == 2
+    for layer, matrix in enumerate(matrices):
+        # independent oracle: C = I + fc_out(gelu(fc_in(x))), averaged over batch and tokens
+        x = layer_inputs[layer]
+        offsets = torch.nn.functional.linear(
+            torch.nn.functional.gelu(torch.nn.functional.linear(x, generator.fc_in.weight, generator.fc_in.bias)),
+            generator.fc_out.weight,
+            generator.fc_out.bias,
+        )
+        expected = torch.eye(4) + offsets.view(2, 16, 4, 4).mean((0, 1))
+        torch.testing.assert_close(torch.tensor(matrix), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_speed_tiny_prints_ratio_tables(tmp_path, capsys):
+    path = tmp_path / "speed.json"
+    speed.main(["--tiny", "--no-variants", "--json", str(path)])
+    printed = capsys.readouterr().out
+    assert "step ratio" in printed and "gen ratio" in printed
+    report = json.loads(path.read_text())
+    gpt2 = report["shapes"][0]["results"]
+    assert [r["row"] for r in gpt2] == ["MHA", "DAMCHA token", "DAMCHA query"]
+    assert gpt2[0]["step_ratio"] == 1.0 and gpt2[0]["memory_ratio"] == 1.0 and gpt2[0]["generate_ratio"] == 1.0
+    # parameter overhead: one shared generator d -> r -> H*H with r = 64, over vanilla GPT-2 (oracle: closed form)
+    d, r, heads = 64, 64, 4
+    generator_parameters = d * r + r + r * heads * heads + heads * heads
+    for result in gpt2[1:]:
+        assert result["parameters"] - gpt2[0]["parameters"] == generator_parameters
+        assert result["parameter_overhead"] == pytest.approx(generator_parameters / gpt2[0]["parameters"])
+        assert len(result["step_s"]) == 2 and all(s > 0 for s in result["step_s"])
+        assert result["generate_tokens_per_s"] > 0
+        # DAMCHA saves what MHA saves plus its mixing inputs
+        assert result["activation_bytes"] > gpt2[0]["activation_bytes"]
+    if bench_common.has_vit():
+        vit = report["shapes"][1]["results"]
+        assert [r["row"] for r in vit] == ["MHA", "DAMCHA sequence", "DAMCHA token", "DAMCHA query"]
+        assert all("generate_ratio" not in r for r in vit)
+
+
+def test_quality_tiny_writes_results_and_figures(tmp_path, capsys):
+    quality.main(["--tiny", "--synthetic", "--out-dir", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "Byte-level LM" in printed and "Fashion-MNIST" in printed
+    report = json.loads((tmp_path / "quality_tiny.json").read_text())
+    lm = report["summary"]["lm"]
+    assert list(lm) == ["MHA", "DAMCHA token", "DAMCHA query"]
+    for name, entry in lm.items():
+        assert len(entry["test_bpb"]["per_seed"]) == 2
+        assert all(0 < v < 9 and math.isfinite(v) for v in entry["test_bpb"]["per_seed"])
+        has_ablation = "diagonal_test_bpb" in entry and "offdiagonal_test_bpb" in entry
+        assert has_ablation == (name != "MHA")
+    for record in report["results"]["lm"]["DAMCHA token"]:
+        assert len(record["mean_metric"]) == 1 and len(record["mean_metric"][0]) == 4  # 1 layer, 4 x 4
+    vit = report["summary"]["vit"]
+    expected_vit_rows = ["MHA", "DAMCHA sequence", "DAMCHA token"] if bench_common.has_vit() else ["MHA"]
+    assert list(vit) == expected_vit_rows
+    assert all(0 <= v <= 1 for entry in vit.values() for v in entry["test_top1"]["per_seed"])
+    assert (tmp_path / "quality_tiny_loss_curves.png").stat().st_size > 0
+    assert (tmp_path / "quality_tiny_metric_heatmap.png").stat().st_size > 0
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(SystemExit):
+        speed.parse_args(["--tiny", "--width", "30", "--heads", "4"])
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--tiny", "--lm-steps", "0"])

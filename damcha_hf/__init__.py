@@ -8,6 +8,7 @@ Public API:
     DamchaGPT2Config, DamchaGPT2Model, DamchaGPT2LMHeadModel, DamchaGPT2ForSequenceClassification
     DamchaViTConfig, DamchaViTModel, DamchaViTForImageClassification   (DamchaViTConfig.vit_small_patch16_224())
     convert_to_damcha(model, **metric_options)   an in-memory GPT-2 (or ViT) model -> its DAMCHA counterpart
+    save_hub_checkpoint, build_model_card, push_checkpoint   Hub export (damcha_hf.hub); write_metric_map (the C heatmap)
 """
 
 from .conversion import convert_to_damcha
@@ -20,6 +21,8 @@ from .modeling.modeling_damcha_gpt2 import (
 from .modeling.configuration_damcha_vit import DamchaViTConfig
 from .modeling.modeling_damcha_vit import DamchaViTForImageClassification, DamchaViTModel
 from .registration import register_auto_classes
+from .hub import build_model_card, push_checkpoint, save_hub_checkpoint
+from .metric_map import write_metric_map
 
 register_auto_classes()
 
@@ -34,5 +37,9 @@ __all__ = [
     "DamchaViTModel",
     "DamchaViTForImageClassification",
     "convert_to_damcha",
+    "save_hub_checkpoint",
+    "build_model_card",
+    "push_checkpoint",
+    "write_metric_map",
     "__version__",
 ]

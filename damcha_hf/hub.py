@@ -567,6 +567,9 @@ def save_hub_checkpoint(
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
     try:
         model.save_pretrained(staging)
+        config, changed = completed_config(staging)
+        if changed:
+            (staging / "config.json").write_bytes(config_json_bytes(config))
         if tokenizer_or_processor is not None:
             tokenizer_or_processor.save_pretrained(staging)
         images = {}
@@ -639,6 +642,36 @@ def auto_map_code_files(folder: Path, auto_map: Mapping) -> list[str]:
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 
 
+def family_auto_map(model_type: str) -> dict[str, str]:
+    """Every Auto class of a DAMCHA family (from `registration.AUTO_CLASS_TABLE`), as `auto_map` references."""
+    from .registration import AUTO_CLASS_TABLE
+
+    def reference(cls) -> str:
+        return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+
+    for config_class, model_classes in AUTO_CLASS_TABLE:
+        if config_class.model_type == model_type:
+            auto_map = {"AutoConfig": reference(config_class)}
+            auto_map.update({auto_class.__name__: reference(model_class) for auto_class, model_class in model_classes})
+            return auto_map
+    return {}
+
+
+def completed_config(folder: Path) -> tuple[dict, bool]:
+    """`config.json` with `auto_map` listing the whole family (a checkpoint of one head then loads with every Auto
+    class under remote code, whichever class saved it); and whether that changed it."""
+    config = json.loads((folder / "config.json").read_text())
+    auto_map = config.get("auto_map") or {}
+    completed = {**family_auto_map(config.get("model_type", "")), **auto_map} if auto_map else auto_map
+    changed = completed != auto_map
+    config["auto_map"] = completed
+    return config, changed
+
+
+def config_json_bytes(config: dict) -> bytes:
+    return (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8")  # as transformers writes it
+
+
 def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
     """`{path in repo: local file}` of what a push uploads: weights, config, code, preprocessor, card, images.
 
@@ -657,7 +690,7 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
             f"{folder} has no safetensors weights{hint}; re-save with `model.save_pretrained(folder)`, which writes "
             "model.safetensors."
         )
-    config = json.loads((folder / "config.json").read_text())
+    config, _ = completed_config(folder)
     if not config.get("auto_map"):
         raise HubPushError(
             f"{folder}/config.json has no auto_map, so the checkpoint would not load without damcha-hf; re-save it "
@@ -732,8 +765,8 @@ def push_checkpoint(
 ) -> str:
     """Upload a checkpoint folder to the Hub model repository `repo_id` (created if needed); returns the commit URL.
 
-    Uploads only the safetensors weights, config files, the model code named by `auto_map`, tokenizer or image
-    processor files, `README.md` (with the repository id filled into its loading snippets) and the images it shows:
+    Uploads only the safetensors weights, config files (`config.json` with its `auto_map` completed to every Auto
+    class of the family), the model code named by `auto_map`, tokenizer or image processor files, `README.md` (with the repository id filled into its loading snippets) and the images it shows:
     never optimizer, scheduler, RNG or trainer state. Raises `HubPushError`, before any network call, when offline
     (`HF_HUB_OFFLINE=1`), without a token, or when a file would leak a local path.
     """
@@ -752,6 +785,9 @@ def push_checkpoint(
         content = str(path)
         if path_in_repo == CARD_FILE:
             content = path.read_text(encoding="utf-8").replace(REPO_PLACEHOLDER, repo_id).encode("utf-8")
+        elif path_in_repo == "config.json":
+            config, changed = completed_config(folder)
+            content = config_json_bytes(config) if changed else content
         operations.append(CommitOperationAdd(path_in_repo=path_in_repo, path_or_fileobj=content))
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id

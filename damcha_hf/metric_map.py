@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 METRIC_MODULE_NAME = "CrossHeadMetric"  # matched by name: remote-code models define their own copy of the class
@@ -116,17 +117,17 @@ def image_folder_inputs(model, folder: Path, image_processor=None, limit: int = 
     paths = sorted(path for path in Path(folder).iterdir() if path.suffix.lower() in IMAGE_SUFFIXES)[:limit]
     if not paths:
         raise ValueError(f"--data {folder}: no images ({', '.join(IMAGE_SUFFIXES)}) in this folder.")
-    images = [Image.open(path).convert("RGB") for path in paths]
+    config = model.config
+    mode = "L" if config.num_channels == 1 else "RGB"
+    images = [Image.open(path).convert(mode) for path in paths]
     if image_processor is not None:
         return [{"pixel_values": image_processor(images=images, return_tensors="pt")["pixel_values"]}]
-    size = model.config.image_size
-    pixels = [
-        torch.tensor(list(image.resize((size, size)).getdata()), dtype=torch.float32)
-        .view(size, size, 3)
-        .permute(2, 0, 1)
-        for image in images
-    ]
-    return [{"pixel_values": torch.stack(pixels) / 127.5 - 1.0}]  # [0, 255] -> [-1, 1], ViT's usual normalisation
+    size = config.image_size
+    pixels = torch.stack(
+        [torch.from_numpy(np.array(image.resize((size, size)), dtype=np.float32)) for image in images]
+    )  # (n, size, size) or (n, size, size, 3)
+    pixels = pixels.unsqueeze(1) if pixels.ndim == 3 else pixels.permute(0, 3, 1, 2)
+    return [{"pixel_values": pixels / 127.5 - 1.0}]  # [0, 255] -> [-1, 1], ViT's usual normalisation
 
 
 def default_inputs(model, tokenizer=None) -> list[dict]:

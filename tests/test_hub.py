@@ -434,3 +434,44 @@ def test_heatmap_panels_equal_layers_for_wider_stacks(tmp_path):
     assert metric_map.panels == 6 == metric_map.num_layers
     with Image.open(tmp_path / "six.png") as image:  # 4 columns, 2 rows
         assert image.size == (round((2.6 * 4 + 1.0) * 110), round((2.6 * 2 + 0.6) * 110))
+
+
+def test_push_completes_the_auto_map_of_a_plain_save(tmp_path, fake_hub, online):
+    """A checkpoint saved by plain `save_pretrained` of one head is pushed with every Auto class of its family."""
+    from test_vit import tiny_damcha_vit_config
+
+    folder = tmp_path / "vit"
+    damcha_hf.DamchaViTForImageClassification(tiny_damcha_vit_config()).save_pretrained(folder)
+    hub.push_checkpoint(folder, "someone/tiny-vit", token="hf_fake")
+    pushed = json.loads((fake_hub.root / "someone/tiny-vit/main/config.json").read_text())
+    assert pushed["auto_map"] == {
+        "AutoConfig": "configuration_damcha_vit.DamchaViTConfig",
+        "AutoModel": "modeling_damcha_vit.DamchaViTModel",
+        "AutoModelForImageClassification": "modeling_damcha_vit.DamchaViTForImageClassification",
+    }
+    local = json.loads((folder / "config.json").read_text())
+    assert {key: value for key, value in pushed.items() if key != "auto_map"} == {
+        key: value for key, value in local.items() if key != "auto_map"
+    }
+
+
+def test_inspect_a_vit_checkpoint_on_an_image_folder(tmp_path, capsys):
+    from test_vit import tiny_damcha_vit_config
+
+    folder = tmp_path / "vit"
+    model = damcha_hf.DamchaViTForImageClassification(tiny_damcha_vit_config(num_hidden_layers=3))
+    randomize_metric(model)
+    model.save_pretrained(folder)
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    for index in range(2):
+        Image.new("RGB", (40, 30), color=(60 * index, 100, 200)).save(pictures / f"{index}.png")
+    (pictures / "notes.txt").write_text("not an image")
+
+    assert cli_main(["inspect", str(folder), "--data", str(pictures), "--output", str(tmp_path / "vit.png")]) == 0
+    assert "(3 panels)" in capsys.readouterr().out
+    assert (tmp_path / "vit.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert cli_main(["inspect", str(folder)]) == 0  # random images of the configured size
+    assert (folder / hub.METRIC_HEATMAP_FILE).read_bytes().startswith(PNG_SIGNATURE)
+    assert cli_main(["inspect", str(folder), "--data", str(tmp_path / "vit.png")]) == 2
+    assert "must be a folder of images" in capsys.readouterr().err

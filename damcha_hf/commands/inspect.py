@@ -41,9 +41,9 @@ def text_chunks(path: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transformers import AutoModel
+    from transformers import AutoConfig, AutoModel
 
-    import damcha_hf  # noqa: F401  (registers the DAMCHA classes)
+    import damcha_hf  # registers the DAMCHA classes; the saved class is looked up on it
     from damcha_hf.hub import METRIC_HEATMAP_FILE
     from damcha_hf.metric_map import image_folder_inputs, is_vision_model, text_inputs, write_metric_map
 
@@ -51,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
     if not (checkpoint / "config.json").is_file():
         print(f"damcha-hf inspect: {checkpoint} is not a checkpoint folder (no config.json).", file=sys.stderr)
         return 2
-    model = AutoModel.from_pretrained(checkpoint)
+    # The saved class itself (not AutoModel, which would add e.g. an untrained ViT pooler): any DAMCHA class has C.
+    architectures = AutoConfig.from_pretrained(checkpoint).architectures or []
+    model_class = getattr(damcha_hf, architectures[0], AutoModel) if architectures else AutoModel
+    model = model_class.from_pretrained(checkpoint)
     vision = is_vision_model(model)
     tokenizer = image_processor = None
     if vision and (checkpoint / "preprocessor_config.json").is_file():

@@ -69,14 +69,14 @@ class DamchaViTConfig(ViTConfig):
         generator has 26,980 parameters, 0.122% of the 22,077,644 of `DamchaViTForImageClassification`
         (`damcha-hf info vit-small` prints these).
         """
-        shape = dict(
-            hidden_size=384,
-            num_hidden_layers=12,
-            num_attention_heads=6,
-            intermediate_size=1536,
-            image_size=224,
-            patch_size=16,
-        )
+        shape = {
+            "hidden_size": 384,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 6,
+            "intermediate_size": 1536,
+            "image_size": 224,
+            "patch_size": 16,
+        }
         return cls(**{**shape, **overrides})
 
 

@@ -212,7 +212,7 @@ register_checkpoint_conversion_mapping(
 
 
 __all__ = [
-    "DamchaViTPreTrainedModel",
-    "DamchaViTModel",
     "DamchaViTForImageClassification",
+    "DamchaViTModel",
+    "DamchaViTPreTrainedModel",
 ]

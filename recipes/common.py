@@ -12,18 +12,16 @@ import shutil
 import tempfile
 
 import torch
+from damcha_hf.modeling.damcha_attention import METRIC_CONTEXTS, METRIC_MASKS, METRIC_SHARINGS
 
 import damcha_hf
-from damcha_hf.modeling.damcha_attention import METRIC_CONTEXTS, METRIC_MASKS, METRIC_SHARINGS
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
 def config_has_field(config_class, field: str) -> bool:
-    try:
-        return hasattr(config_class(), field)
-    except Exception:  # a config that needs arguments: look at its annotations instead
-        return field in getattr(config_class, "__annotations__", {})
+    """Whether the config class declares `field` (e.g. `cross_head_variant`, which only some versions have)."""
+    return hasattr(config_class, field) or field in getattr(config_class, "__annotations__", {})
 
 
 def add_metric_arguments(parser: argparse.ArgumentParser, config_class) -> None:
@@ -84,29 +82,29 @@ def training_arguments(args: argparse.Namespace, **overrides):
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     eval_steps = args.eval_steps or max(1, args.max_steps // 4)
-    kwargs = dict(
-        output_dir=args.output_dir,
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        warmup_steps=args.warmup_steps if args.warmup_steps is not None else max(1, args.max_steps // 20),
-        lr_scheduler_type="cosine",
-        logging_steps=args.logging_steps,
-        eval_strategy="steps",
-        eval_steps=eval_steps,
-        save_strategy="steps",
-        save_steps=args.save_steps or eval_steps,
-        save_total_limit=args.save_total_limit,
-        seed=args.seed,
-        data_seed=args.seed,
-        bf16=args.bf16,
-        report_to="none",
-        dataloader_num_workers=0,
-        use_cpu=not torch.cuda.is_available(),
-    )
+    kwargs = {
+        "output_dir": args.output_dir,
+        "max_steps": args.max_steps,
+        "per_device_train_batch_size": args.batch_size,
+        "per_device_eval_batch_size": args.batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "learning_rate": args.learning_rate,
+        "weight_decay": args.weight_decay,
+        "warmup_steps": args.warmup_steps if args.warmup_steps is not None else max(1, args.max_steps // 20),
+        "lr_scheduler_type": "cosine",
+        "logging_steps": args.logging_steps,
+        "eval_strategy": "steps",
+        "eval_steps": eval_steps,
+        "save_strategy": "steps",
+        "save_steps": args.save_steps or eval_steps,
+        "save_total_limit": args.save_total_limit,
+        "seed": args.seed,
+        "data_seed": args.seed,
+        "bf16": args.bf16,
+        "report_to": "none",
+        "dataloader_num_workers": 0,
+        "use_cpu": not torch.cuda.is_available(),
+    }
     kwargs.update(overrides)
     return TrainingArguments(**kwargs)
 
@@ -138,16 +136,16 @@ def gpt2_config(args: argparse.Namespace, vocab_size: int, tokenizer=None):
     """A DAMCHA (or, with `--model-type gpt2`, plain) GPT-2 config from the size and metric options."""
     from transformers import GPT2Config
 
-    sizes = dict(
-        vocab_size=vocab_size,
-        n_positions=args.block_size,
-        n_embd=args.n_embd,
-        n_layer=args.n_layer,
-        n_head=args.n_head,
-        resid_pdrop=args.dropout,
-        embd_pdrop=args.dropout,
-        attn_pdrop=args.dropout,
-    )
+    sizes = {
+        "vocab_size": vocab_size,
+        "n_positions": args.block_size,
+        "n_embd": args.n_embd,
+        "n_layer": args.n_layer,
+        "n_head": args.n_head,
+        "resid_pdrop": args.dropout,
+        "embd_pdrop": args.dropout,
+        "attn_pdrop": args.dropout,
+    }
     if tokenizer is not None:
         sizes.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id)  # fmt: skip
@@ -231,7 +229,8 @@ def save_final_model(model, folder: str, *, tokenizer_or_processor=None, log_his
         save_hub_checkpoint = None
     if save_hub_checkpoint is not None:
         save_hub_checkpoint(
-            model, folder, tokenizer_or_processor=tokenizer_or_processor, log_history=log_history, **card_fields
+            model, folder, tokenizer_or_processor=tokenizer_or_processor, log_history=log_history, overwrite=True,
+            **card_fields,
         )
         return folder
     parent = os.path.dirname(os.path.abspath(folder))

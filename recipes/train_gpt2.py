@@ -17,13 +17,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common  # noqa: E402  (shared recipe code, next to this file)
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, set_seed  # noqa: E402
+import common
+import torch
+from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, set_seed
 
-import damcha_hf  # noqa: E402
-from damcha_hf.data import check_tokenizer_matches_model  # noqa: E402
-from damcha_hf.metrics import causal_lm_compute_metrics, causal_lm_token_nll  # noqa: E402
+import damcha_hf
+from damcha_hf.data import check_tokenizer_matches_model
+from damcha_hf.metrics import causal_lm_compute_metrics, causal_lm_token_nll
 
 
 def parse_args(argv=None) -> argparse.Namespace:

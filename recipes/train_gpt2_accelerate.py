@@ -30,16 +30,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common  # noqa: E402  (shared recipe code, next to this file)
-import torch  # noqa: E402
-from accelerate import Accelerator  # noqa: E402
-from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
-from transformers import AutoModelForCausalLM, default_data_collator, get_scheduler  # noqa: E402
+import common
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
+from torch.utils.data import DataLoader
+from transformers import AutoModelForCausalLM, default_data_collator, get_scheduler
 
-import damcha_hf  # noqa: E402
-from damcha_hf.data import check_tokenizer_matches_model, load_text_corpus, token_byte_lengths  # noqa: E402
-from damcha_hf.metrics import causal_lm_token_nll, load_metric  # noqa: E402
+import damcha_hf
+from damcha_hf.data import check_tokenizer_matches_model, load_text_corpus, token_byte_lengths
+from damcha_hf.metrics import causal_lm_token_nll, load_metric
 
 STATE_FILE = "loop_state.json"
 

@@ -84,4 +84,4 @@ def accuracy_compute_metrics():
         return accuracy.compute(predictions=np.argmax(logits, axis=-1), references=eval_prediction.label_ids)
 
     return compute_metrics
-__all__ = ["METRIC_NAMES", "metric_path", "load_metric", "causal_lm_token_nll", "causal_lm_compute_metrics", "accuracy_compute_metrics"]
+__all__ = ["METRIC_NAMES", "accuracy_compute_metrics", "causal_lm_compute_metrics", "causal_lm_token_nll", "load_metric", "metric_path"]

@@ -44,7 +44,7 @@ def token_nll(logits, labels, *, shift=True, ignore_index=-100):
         return 0.0, 0
     peak = logits.max(axis=-1, keepdims=True)
     log_normaliser = peak[:, 0] + np.log(np.exp(logits - peak).sum(axis=-1))
-    return float(np.sum(log_normaliser - logits[np.arange(len(labels)), labels])), int(len(labels))
+    return float(np.sum(log_normaliser - logits[np.arange(len(labels)), labels])), len(labels)
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)

@@ -1,0 +1,239 @@
+"""`damcha-hf demo`: train a small DAMCHA GPT-2 and an identically trained multi-head-attention GPT-2 side by side.
+
+Both models start from the same weights (the DAMCHA model is `convert_to_damcha` of the MHA one, so its metric
+generator starts at zero and it computes exactly MHA at step 0), see the same batches in the same order with the same
+optimiser, and are evaluated on the same validation blocks. The default corpus is the Python standard library's own
+sources (every machine has them), byte-level, so the loss in bits per token is bits per byte. The DAMCHA model is
+saved as a Hub-ready checkpoint (model card, loss curve, metric heatmap when `damcha_hf.hub` is available).
+"""
+
+import argparse
+import math
+import os
+import time
+
+DEFAULT_MAX_STEPS = 1000
+DEFAULT_TIME_BUDGET_MINUTES = 6.0
+CALIBRATION_STEPS = 20
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="train a small DAMCHA GPT-2 and an identical MHA GPT-2 on local text; compare, save, sample",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--data", default="stdlib",
+                        help="text to train on: 'stdlib' (default: Python's standard library sources), 'gcide', a "
+                        "text file, a folder of .txt files or a glob")  # fmt: skip
+    parser.add_argument("--output-dir", default="./damcha-demo", help="where the DAMCHA checkpoint goes")
+    parser.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS,
+                        help=f"at most this many optimizer steps per model (default: {DEFAULT_MAX_STEPS})")  # fmt: skip
+    parser.add_argument("--time-budget", type=float, default=DEFAULT_TIME_BUDGET_MINUTES,
+                        help="minutes of training for both models together (default: "
+                        f"{DEFAULT_TIME_BUDGET_MINUTES:g}): the step count is fixed after {CALIBRATION_STEPS} timed "
+                        "steps so the schedule still anneals; 0 = no limit, train --max-steps")  # fmt: skip
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=128, help="context length in bytes (default: 128)")
+    parser.add_argument("--n-layer", type=int, default=4)
+    parser.add_argument("--n-embd", type=int, default=128)
+    parser.add_argument("--n-head", type=int, default=8)
+    parser.add_argument("--metric-context", choices=("token", "query"), default="token")
+    parser.add_argument("--metric-hidden-size", type=int, default=64)
+    parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--max-data-bytes", type=int, default=3_000_000,
+                        help="read about this many bytes of text (default: 3 MB)")  # fmt: skip
+    parser.add_argument("--eval-blocks", type=int, default=96, help="validation blocks (default: 96)")
+    parser.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (default: 5 times)")
+    parser.add_argument("--sample-tokens", type=int, default=120,
+                        help="bytes to generate for the sample (at most the context length)")  # fmt: skip
+    parser.add_argument("--prompt", default="def ", help="prompt of the generated sample")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def _evaluate(model, blocks, batch_size):
+    """(mean NLL in nats per predicted byte, bits per byte) over `blocks` (a LongTensor of token blocks)."""
+    import torch
+
+    from damcha_hf.metrics import causal_lm_token_nll
+
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(blocks), batch_size):
+            batch = blocks[start : start + batch_size]
+            nll = causal_lm_token_nll(model(input_ids=batch).logits, batch)
+            total, count = total + nll.double().sum().item(), count + nll.numel()
+    model.train()
+    return total / count, total / count / math.log(2)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from damcha_hf import convert_to_damcha
+    from damcha_hf.data import byte_level_tokenizer, group_into_blocks, load_text_corpus
+    from damcha_hf.metrics import load_metric
+
+    if args.max_steps < 1:
+        raise SystemExit("damcha-hf demo: --max-steps must be at least 1.")
+    started = time.perf_counter()
+    if len(args.prompt) >= args.block_size:
+        raise SystemExit(f"damcha-hf demo: --prompt must be shorter than --block-size ({args.block_size} bytes).")
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    else:  # every core, but no more threads than cores (oversubscription slows small matmuls down)
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0)))))
+    torch.manual_seed(args.seed)
+
+    tokenizer = byte_level_tokenizer()
+    corpus = load_text_corpus(args.data, seed=args.seed, max_bytes=args.max_data_bytes)
+    separate_documents = args.data == "stdlib" or os.path.isdir(str(args.data))
+    blocks = group_into_blocks(corpus, tokenizer, args.block_size, separate_documents=separate_documents)
+    train_blocks = torch.tensor(blocks["train"]["input_ids"])
+    eval_blocks = torch.tensor(blocks["validation"]["input_ids"][: args.eval_blocks])
+    print(f"[{time.perf_counter() - started:.0f} s] data: {args.data}: {len(train_blocks)} training and {len(eval_blocks)} validation blocks of "
+          f"{args.block_size} bytes; {torch.get_num_threads()} CPU threads")  # fmt: skip
+
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=args.block_size,
+        n_embd=args.n_embd,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config._attn_implementation = "sdpa"
+    mha = GPT2LMHeadModel(config)
+    # The same starting weights for both: the converted model's generator is zero, so it starts as exactly MHA.
+    damcha = convert_to_damcha(mha, metric_context=args.metric_context, metric_hidden_size=args.metric_hidden_size)
+    models = {"DAMCHA": damcha, "MHA": mha}
+    # Warm-up then cosine decay to `plan["total"]` steps, which the time budget may lower after calibration.
+    plan = {"total": args.max_steps, "warmup": max(1, min(CALIBRATION_STEPS, args.max_steps // 20))}
+
+    def learning_rate_factor(step: int) -> float:
+        if step < plan["warmup"]:
+            return (step + 1) / plan["warmup"]
+        progress = min(1.0, (step - plan["warmup"]) / max(1, plan["total"] - plan["warmup"]))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    optimizers, schedulers = {}, {}
+    for name, model in models.items():
+        model.train()
+        optimizers[name] = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.01)
+        schedulers[name] = torch.optim.lr_scheduler.LambdaLR(optimizers[name], learning_rate_factor)
+
+    order = torch.randperm(len(train_blocks), generator=torch.Generator().manual_seed(args.seed))
+    histories = {name: [] for name in models}
+    progress = tqdm(total=plan["total"], desc="training DAMCHA and MHA", disable=args.no_progress)
+    step, training_started = 0, time.perf_counter()
+    while step < plan["total"]:
+        step += 1
+        start = (step - 1) * args.batch_size % len(order)
+        indices = order[start : start + args.batch_size]
+        if len(indices) < args.batch_size:  # wrap around: a new pass over the data, same order for both models
+            indices = torch.cat([indices, order[: args.batch_size - len(indices)]])
+        batch = train_blocks[indices]
+        losses = {}
+        for name, model in models.items():
+            loss = model(input_ids=batch, labels=batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizers[name].step()
+            schedulers[name].step()
+            optimizers[name].zero_grad(set_to_none=True)
+            losses[name] = loss.item()
+            histories[name].append({"step": step, "loss": losses[name], "learning_rate": schedulers[name].get_last_lr()[0]})
+        progress.update(1)
+        progress.set_postfix({f"{name} loss": f"{value:.3f}" for name, value in losses.items()})
+        if step == CALIBRATION_STEPS and args.time_budget > 0:
+            seconds_per_step = (time.perf_counter() - training_started) / step
+            # Evaluations cost about 3% on top of the steps; keep that margin.
+            affordable = int(args.time_budget * 60 / seconds_per_step / 1.03)
+            if affordable < plan["total"]:
+                plan["total"] = max(step, affordable)
+                progress.total = plan["total"]
+                progress.write(f"{seconds_per_step:.2f} s per step: {plan['total']} steps fit the "
+                               f"{args.time_budget:g}-minute budget (--time-budget)")  # fmt: skip
+        eval_every = args.eval_every or max(1, plan["total"] // 5)
+        if step % eval_every == 0 or step == plan["total"]:
+            for name, model in models.items():
+                eval_loss, bits_per_byte = _evaluate(model, eval_blocks, args.batch_size)
+                histories[name].append({"step": step, "eval_loss": eval_loss, "eval_bits_per_byte": bits_per_byte})
+    progress.close()
+    print(f"[{time.perf_counter() - started:.0f} s] trained")
+
+    # Final numbers through the shipped evaluate module (the same NLL, counted in bytes).
+    bits_per_byte_metric = load_metric("bits_per_byte", "nll")
+    results = {}
+    for name, model in models.items():
+        eval_loss, _ = _evaluate(model, eval_blocks, args.batch_size)
+        num_bytes = eval_blocks.shape[0] * (eval_blocks.shape[1] - 1)
+        bpb = bits_per_byte_metric.compute(predictions=[eval_loss * num_bytes], references=[num_bytes])
+        results[name] = {"eval_loss": eval_loss, "eval_bits_per_byte": bpb["bits_per_byte"]}
+    print(f"\nvalidation after {step} steps ({eval_blocks.numel():,} bytes):")
+    print(f"{'model':<8}{'loss (nats/byte)':>18}{'bits per byte':>15}")
+    for name, row in results.items():
+        print(f"{name:<8}{row['eval_loss']:>18.4f}{row['eval_bits_per_byte']:>15.4f}")
+    difference = results["DAMCHA"]["eval_bits_per_byte"] - results["MHA"]["eval_bits_per_byte"]
+    print(f"DAMCHA - MHA: {difference:+.4f} bits per byte (one seed: differences of about 0.01 are within noise)")
+
+    damcha.eval()
+    prompt = tokenizer(args.prompt, return_tensors="pt")
+    room = args.block_size - prompt["input_ids"].shape[1]  # learned positions end at the context length
+    torch.manual_seed(args.seed)
+    with torch.no_grad():
+        generated = damcha.generate(
+            **prompt, max_new_tokens=max(1, min(args.sample_tokens, room)), do_sample=True, top_k=40, temperature=0.8,
+            pad_token_id=tokenizer.pad_token_id,
+        )  # fmt: skip
+    sample = tokenizer.decode(generated[0], skip_special_tokens=True)
+
+    _save(damcha, tokenizer, args, histories["DAMCHA"], results, eval_blocks[:4])
+    print(f"\nsaved the DAMCHA model to {args.output_dir}")
+    print(f"\nsample (prompt {args.prompt!r}):\n{sample}\n")
+    print(f"done in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def _save(model, tokenizer, args, log_history, results, heatmap_inputs) -> None:
+    """A Hub-ready checkpoint via `damcha_hf.hub` when present; otherwise `save_pretrained`, written atomically."""
+    import json
+    import shutil
+    import tempfile
+
+    eval_results = {"bits_per_byte": results["DAMCHA"]["eval_bits_per_byte"],
+                    "loss": results["DAMCHA"]["eval_loss"],
+                    "mha_baseline_bits_per_byte": results["MHA"]["eval_bits_per_byte"]}  # fmt: skip
+    try:
+        from damcha_hf.hub import save_hub_checkpoint
+    except ImportError:
+        save_hub_checkpoint = None
+    if save_hub_checkpoint is not None:
+        dataset = "python-stdlib-sources" if args.data == "stdlib" else os.path.basename(str(args.data).rstrip("/"))
+        save_hub_checkpoint(
+            model, args.output_dir, tokenizer_or_processor=tokenizer, log_history=log_history, datasets=[dataset],
+            heatmap_inputs=heatmap_inputs, eval_results=eval_results, model_name="damcha-demo", overwrite=True,
+        )  # fmt: skip
+        return
+    folder = os.path.abspath(args.output_dir)
+    os.makedirs(os.path.dirname(folder), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".damcha-demo-", dir=os.path.dirname(folder))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    with open(os.path.join(staging, "log_history.json"), "w") as handle:
+        json.dump({"log_history": log_history, "eval_results": eval_results}, handle, indent=1)
+    if os.path.exists(folder):
+        shutil.rmtree(folder)
+    os.replace(staging, folder)

@@ -263,6 +263,8 @@ def load_text_corpus(
                 files.append(file)
                 total += os.path.getsize(file)
             files.sort()
+        if all(os.path.getsize(file) == 0 for file in files):
+            raise ValueError(f"The corpus {str(data)!r} is empty (its files have no text); point `--data` at text.")
         dataset = datasets.load_dataset(
             "text",
             data_files={"train": files},

@@ -1,0 +1,139 @@
+"""damcha_hf.data: tokenizers, text corpora, block grouping, Fashion-MNIST idx files, image folders."""
+
+import gzip
+import os
+import struct
+
+import datasets
+import numpy as np
+import pytest
+from PIL import Image
+from transformers import AutoTokenizer
+
+from damcha_hf import data
+from conftest import tiny_damcha_gpt2_config
+
+TEXT = "héllo wörld — ünïcode 🙂\n\tdef f(x):\n        return x ** 2\n"
+
+
+def test_byte_level_tokenizer_ids_are_bytes_and_round_trip(tmp_path):
+    tokenizer = data.byte_level_tokenizer()
+    ids = tokenizer(TEXT)["input_ids"]
+    assert ids == list(TEXT.encode("utf-8"))
+    assert tokenizer.decode(ids) == TEXT
+    assert len(tokenizer) == data.BYTE_LEVEL_VOCAB_SIZE == 257
+    assert tokenizer.eos_token_id == tokenizer.pad_token_id == 256
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded(TEXT)["input_ids"] == ids
+    assert reloaded.decode(ids + [256], skip_special_tokens=True) == TEXT
+    assert data.token_byte_lengths(tokenizer).tolist() == [1] * 256 + [0]
+
+
+def test_bpe_tokenizer_round_trips_and_counts_bytes(tmp_path):
+    texts = [f"the cat sat on the mat {i} times; the dog did not\n" for i in range(200)]
+    tokenizer = data.train_bpe_tokenizer(texts, vocab_size=300, min_frequency=2)
+    assert 257 < len(tokenizer) <= 300
+    ids = tokenizer(TEXT + texts[0])["input_ids"]
+    assert len(ids) < len((TEXT + texts[0]).encode())  # merges were learned
+    assert tokenizer.decode(ids) == TEXT + texts[0]
+    lengths = data.token_byte_lengths(tokenizer)
+    assert lengths[ids].sum() == len((TEXT + texts[0]).encode("utf-8"))
+    tokenizer.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path)(TEXT)["input_ids"] == tokenizer(TEXT)["input_ids"]
+    with pytest.raises(ValueError, match="vocab_size"):
+        data.train_bpe_tokenizer(texts, vocab_size=100)
+
+
+def test_text_file_splits_into_contiguous_lines(tmp_path):
+    lines = [f"line {i}: {'x' * (i % 7)}\n" for i in range(100)]
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(lines))
+    corpus = data.load_text_corpus(str(path), validation_fraction=0.1)
+    assert len(corpus["validation"]) == 10
+    assert "".join(corpus["train"]["text"]) + "".join(corpus["validation"]["text"]) == path.read_text()
+
+
+def test_folder_is_one_document_per_file(tmp_path):
+    for i in range(5):
+        (tmp_path / f"doc{i}.txt").write_text(f"document {i}\nsecond line\n")
+    (tmp_path / "ignored.md").write_text("not a .txt file")
+    corpus = data.load_text_corpus(str(tmp_path), validation_fraction=0.2, seed=1)
+    texts = sorted(list(corpus["train"]["text"]) + list(corpus["validation"]["text"]))
+    assert texts == sorted(f"document {i}\nsecond line\n" for i in range(5))
+    assert len(corpus["validation"]) == 1
+
+
+def test_group_into_blocks_matches_the_token_stream():
+    tokenizer = data.byte_level_tokenizer()
+    documents = ["alpha beta gamma\n", "delta epsilon\n", "zeta eta theta iota\n"]
+    blocks = data.group_into_blocks(datasets.Dataset.from_dict({"text": documents}), tokenizer, 8)
+    stream = [token for doc in documents for token in list(doc.encode()) + [tokenizer.eos_token_id]]
+    expected = [stream[i : i + 8] for i in range(0, len(stream) // 8 * 8, 8)]
+    assert list(blocks["input_ids"]) == expected
+    assert list(blocks["labels"]) == expected
+    lines = data.group_into_blocks(
+        datasets.Dataset.from_dict({"text": documents}), tokenizer, 8, separate_documents=False
+    )
+    joined = "".join(documents).encode()
+    assert lines["input_ids"][0] == list(joined[:8])
+
+
+def test_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        data.load_text_corpus(str(tmp_path / "missing.txt"))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        data.load_text_corpus(str(empty))
+    tokenizer = data.byte_level_tokenizer()
+    with pytest.raises(ValueError, match="no column 'content'.*--text-column"):
+        data.group_into_blocks(datasets.Dataset.from_dict({"text": ["abc"]}), tokenizer, 4, column="content")
+    with pytest.raises(ValueError, match="fewer than one block"):
+        data.group_into_blocks(datasets.Dataset.from_dict({"text": ["abc"]}), tokenizer, 64)
+    with pytest.raises(ValueError, match="vocab_size"):
+        data.check_tokenizer_matches_model(tokenizer, tiny_damcha_gpt2_config(vocab_size=97))
+    data.check_tokenizer_matches_model(tokenizer, tiny_damcha_gpt2_config(vocab_size=257))
+    with pytest.raises(FileNotFoundError, match="Image folder"):
+        data.load_image_folder(str(tmp_path / "no-images"))
+    with pytest.raises(FileNotFoundError, match="Fashion-MNIST folder"):
+        data.load_fashion_mnist(str(tmp_path / "no-idx"))
+
+
+def test_stdlib_corpus_is_the_standard_library():
+    files = data.stdlib_corpus_files()
+    assert len(files) > 100
+    assert any(f.endswith(os.sep + "textwrap.py") for f in files)
+    assert not any(f"{os.sep}test{os.sep}" in f or "site-packages" in f for f in files)
+
+
+def _write_idx(path, array):
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as handle:
+        handle.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_fashion_mnist_idx_reader(tmp_path):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(6, 28, 28))
+    labels = np.array([3, 1, 4, 1, 5, 9])
+    _write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", images)
+    _write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", labels)
+    loaded = data.load_fashion_mnist(str(tmp_path), "test", max_samples=5)
+    assert len(loaded) == 5
+    assert list(loaded["label"]) == labels[:5].tolist()
+    assert loaded.features["label"].names[9] == "Ankle boot"
+    first = loaded[2]["image"]
+    assert first.mode == "L" and first.size == (28, 28)
+    np.testing.assert_array_equal(np.asarray(first), images[2])
+
+
+def test_image_folder(tmp_path):
+    rng = np.random.default_rng(0)
+    for label in ("cats", "dogs"):
+        (tmp_path / label).mkdir()
+        for i in range(5):
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / label / f"{i}.png")
+    loaded = data.load_image_folder(str(tmp_path), validation_fraction=0.2)
+    assert len(loaded["train"]) == 8 and len(loaded["validation"]) == 2
+    assert loaded["train"].features["label"].names == ["cats", "dogs"]

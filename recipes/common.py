@@ -258,3 +258,87 @@ def write_json(path: str, payload: dict) -> None:
     with open(staging, "w") as handle:
         json.dump(payload, handle, indent=2)
     os.replace(staging, path)
+
+
+# ------------------------------------------------------------------------------------------------- image recipes
+
+
+def add_image_data_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument("--data", default="fashion-mnist",
+                       help="an image folder (<folder>/<label>/<images>) or 'fashion-mnist' (the idx files in "
+                       "--fashion-mnist-dir; default)")  # fmt: skip
+    group.add_argument("--fashion-mnist-dir", default="/usr/share/datasets/fashion-mnist")
+    group.add_argument("--image-size", type=int, default=None, help="resize to this (default: 28 for Fashion-MNIST, "
+                       "else 64)")  # fmt: skip
+    group.add_argument("--no-augment", action="store_true", help="no random crop / flip of training images")
+
+
+def image_datasets(args: argparse.Namespace):
+    """(DatasetDict with train/validation of `image` + `label`, label names, channels) from the data options."""
+    from damcha_hf.data import load_fashion_mnist, load_image_folder
+
+    if args.data == "fashion-mnist":
+        train = load_fashion_mnist(args.fashion_mnist_dir, "train", max_samples=args.max_train_samples)
+        validation = load_fashion_mnist(args.fashion_mnist_dir, "test", max_samples=args.max_eval_samples)
+        import datasets
+
+        splits = datasets.DatasetDict(train=train, validation=validation)
+        image_size = args.image_size or 28
+    else:
+        splits = load_image_folder(args.data, seed=args.seed)
+        if args.max_train_samples is not None:
+            splits["train"] = splits["train"].select(range(min(args.max_train_samples, len(splits["train"]))))
+        if args.max_eval_samples is not None:
+            splits["validation"] = splits["validation"].select(
+                range(min(args.max_eval_samples, len(splits["validation"])))
+            )
+        image_size = args.image_size or 64
+    labels = splits["train"].features["label"].names
+    channels = 1 if splits["train"][0]["image"].mode in ("L", "I", "I;16", "F") else 3
+    return splits, labels, channels, image_size
+
+
+def image_processor(image_size: int, channels: int):
+    from transformers import ViTImageProcessor
+
+    return ViTImageProcessor(
+        size={"height": image_size, "width": image_size},
+        image_mean=[0.5] * channels,
+        image_std=[0.5] * channels,
+        do_convert_rgb=channels == 3,
+    )
+
+
+def random_crop_and_flip(pixel_values: torch.Tensor, padding: int, generator: torch.Generator | None = None):
+    """Light augmentation with torch ops only (no torchvision): reflect-pad by `padding`, crop back to the original
+    size at a random offset, and flip left-right with probability 1/2. `pixel_values`: (channels, height, width)."""
+    _, height, width = pixel_values.shape
+    if padding > 0:
+        padded = torch.nn.functional.pad(pixel_values[None], (padding,) * 4, mode="reflect")[0]
+        top, left = torch.randint(0, 2 * padding + 1, (2,), generator=generator).tolist()
+        pixel_values = padded[:, top : top + height, left : left + width]
+    if torch.rand((), generator=generator) < 0.5:
+        pixel_values = pixel_values.flip(-1)
+    return pixel_values
+
+
+def attach_image_transforms(splits, processor, *, augment: bool, image_size: int) -> None:
+    """Process images on the fly (`set_transform`): `pixel_values` from the processor, augmented for training."""
+    padding = max(1, image_size // 8)
+
+    def transform(batch, train: bool):
+        pixel_values = processor(batch["image"], return_tensors="pt")["pixel_values"]
+        if train and augment:
+            pixel_values = torch.stack([random_crop_and_flip(p, padding) for p in pixel_values])
+        return {"pixel_values": pixel_values, "labels": batch["label"]}
+
+    splits["train"].set_transform(lambda batch: transform(batch, True))
+    splits["validation"].set_transform(lambda batch: transform(batch, False))
+
+
+def image_collate(examples):
+    return {
+        "pixel_values": torch.stack([example["pixel_values"] for example in examples]),
+        "labels": torch.tensor([example["labels"] for example in examples]),
+    }

@@ -7,11 +7,11 @@ import struct
 import datasets
 import numpy as np
 import pytest
+from conftest import tiny_damcha_gpt2_config
 from PIL import Image
 from transformers import AutoTokenizer
 
 from damcha_hf import data
-from conftest import tiny_damcha_gpt2_config
 
 TEXT = "héllo wörld — ünïcode 🙂\n\tdef f(x):\n        return x ** 2\n"
 

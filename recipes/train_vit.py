@@ -1,0 +1,111 @@
+#!/usr/bin/env python
+"""Train a DAMCHA ViT image classifier with the transformers `Trainer`; accuracy through the shipped evaluate module.
+
+    python recipes/train_vit.py                                     # Fashion-MNIST idx files, 28x28, patch 4
+    python recipes/train_vit.py --data path/to/images --image-size 64 --patch-size 8
+    python recipes/train_vit.py --metric-context token --attn eager --max-steps 200
+    python recipes/train_vit.py --output-dir runs/vit --resume      # continue the latest checkpoint
+
+An image folder is laid out as `<folder>/<label>/<image>` (or with `train/` and `validation/` inside). Images go
+through `ViTImageProcessor` and, for training, a random reflect-padded crop and a left-right flip (torch ops). The
+model and its image processor are saved to `<output-dir>/final` (with a model card when `damcha_hf.hub` is present).
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common
+from transformers import AutoModelForImageClassification, Trainer, set_seed
+
+import damcha_hf
+from damcha_hf.metrics import accuracy_compute_metrics
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_image_data_arguments(parser)
+    group = parser.add_argument_group("model size (new models)")
+    group.add_argument("--patch-size", type=int, default=4)
+    group.add_argument("--hidden-size", type=int, default=192)
+    group.add_argument("--num-layers", type=int, default=6)
+    group.add_argument("--num-heads", type=int, default=6)
+    group.add_argument("--mlp-ratio", type=int, default=4)
+    group.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model")
+    common.add_metric_arguments(parser, damcha_hf.DamchaViTConfig)
+    common.add_training_arguments(parser, output_dir="runs/vit", batch_size=64, learning_rate=1e-3, max_steps=2000)
+    parser.set_defaults(max_eval_samples=2000)
+    return parser.parse_args(argv)
+
+
+def build_model(args, labels, channels, image_size):
+    label_maps = {"id2label": dict(enumerate(labels)), "label2id": {name: i for i, name in enumerate(labels)}}
+    if args.init_from:
+        return AutoModelForImageClassification.from_pretrained(
+            args.init_from, num_labels=len(labels), ignore_mismatched_sizes=True, attn_implementation=args.attn,
+            **label_maps,
+        )  # fmt: skip
+    config = damcha_hf.DamchaViTConfig(
+        image_size=image_size,
+        patch_size=args.patch_size,
+        num_channels=channels,
+        hidden_size=args.hidden_size,
+        num_hidden_layers=args.num_layers,
+        num_attention_heads=args.num_heads,
+        intermediate_size=args.mlp_ratio * args.hidden_size,
+        hidden_dropout_prob=args.dropout,
+        attention_probs_dropout_prob=args.dropout,
+        num_labels=len(labels),
+        **label_maps,
+        **common.metric_options(args),
+    )
+    config._attn_implementation = args.attn
+    return AutoModelForImageClassification.from_config(config)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    set_seed(args.seed)
+    resume = common.resolve_resume(args.resume, args.output_dir)
+    splits, labels, channels, image_size = common.image_datasets(args)
+    processor = common.image_processor(image_size, channels)
+    common.attach_image_transforms(splits, processor, augment=not args.no_augment, image_size=image_size)
+    model = build_model(args, labels, channels, image_size)
+    print(f"{type(model).__name__}: {model.num_parameters():,} parameters; {len(splits['train'])} training and "
+          f"{len(splits['validation'])} validation images, {len(labels)} classes")  # fmt: skip
+
+    trainer = Trainer(
+        model=model,
+        args=common.training_arguments(args, remove_unused_columns=False),
+        train_dataset=splits["train"],
+        eval_dataset=splits["validation"],
+        data_collator=common.image_collate,
+        processing_class=processor,
+        compute_metrics=accuracy_compute_metrics(),
+    )
+    train_result = trainer.train(resume_from_checkpoint=resume)
+    metrics = trainer.evaluate()
+    metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss)
+    print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
+    final = os.path.join(args.output_dir, "final")
+    card = {}
+    try:
+        from damcha_hf.hub import save_hub_checkpoint  # noqa: F401
+
+        sample = common.image_collate([splits["validation"][i] for i in range(min(4, len(splits["validation"])))])
+        card = {"datasets": [str(args.data)], "heatmap_inputs": {"pixel_values": sample["pixel_values"]},
+                "eval_results": {"accuracy": metrics["eval_accuracy"]}}  # fmt: skip
+    except ImportError:
+        pass
+    common.save_final_model(trainer.model, final, tokenizer_or_processor=processor,
+                            log_history=trainer.state.log_history, **card)  # fmt: skip
+    common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
+    print(f"saved to {final}")
+    return metrics
+
+
+if __name__ == "__main__":
+    main()

@@ -29,9 +29,8 @@ from .damcha_attention import (
     build_cross_head_mixing,
     cross_head_attention,
     cross_head_variant_of,
-    eager_attn_implementation_for,
-    init_cross_head_weights,
 )
+from .damcha_pretrained import DamchaPreTrainedMixin
 
 
 def upcast_and_reordered_attention(module, query, key, value, attention_mask, **kwargs):
@@ -85,40 +84,10 @@ class DamchaGPT2Block(GPT2Block):
         self.attn = DamchaGPT2Attention(config=config, layer_idx=layer_idx)
 
 
-# Every Auto class of the family. transformers' `save_pretrained` writes only the saved class into `auto_map`; listing
-# them all lets a checkpoint of any head load with every Auto class under `trust_remote_code=True`.
-DAMCHA_GPT2_AUTO_MAP = {
-    "AutoConfig": "configuration_damcha_gpt2.DamchaGPT2Config",
-    "AutoModel": "modeling_damcha_gpt2.DamchaGPT2Model",
-    "AutoModelForCausalLM": "modeling_damcha_gpt2.DamchaGPT2LMHeadModel",
-    "AutoModelForSequenceClassification": "modeling_damcha_gpt2.DamchaGPT2ForSequenceClassification",
-}
-
-
-class DamchaGPT2PreTrainedModel(GPT2PreTrainedModel):
+class DamchaGPT2PreTrainedModel(DamchaPreTrainedMixin, GPT2PreTrainedModel):
     config_class = DamchaGPT2Config
     config: DamchaGPT2Config
     _no_split_modules = ["DamchaGPT2Block"]
-    # Flash and flex attention need equal query/value head widths, which `metric_context="query"` breaks;
-    # the other contexts run on them, but only eager and SDPA are tested here.
-    _supports_flash_attn = False
-    _supports_flex_attn = False
-
-    def _init_weights(self, module):
-        super()._init_weights(module)
-        init_cross_head_weights(module, std=self.config.initializer_range)
-
-    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
-        # Talking-heads and DCMHA run only in eager attention: default to it for them, refuse other backends.
-        eager_only = eager_attn_implementation_for(self.config, attn_implementation)
-        if eager_only is not None:
-            return eager_only
-        return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
-
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        if self.is_remote_code():  # registered for remote code: the model files are copied next to the weights
-            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **DAMCHA_GPT2_AUTO_MAP}
-        return super().save_pretrained(save_directory, *args, **kwargs)
 
 
 class DamchaGPT2Model(DamchaGPT2PreTrainedModel, GPT2Model):

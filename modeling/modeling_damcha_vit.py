@@ -35,9 +35,8 @@ from .damcha_attention import (
     build_cross_head_mixing,
     cross_head_attention,
     cross_head_variant_of,
-    eager_attn_implementation_for,
-    init_cross_head_weights,
 )
+from .damcha_pretrained import DamchaPreTrainedMixin
 
 
 class DamchaViTAttention(ViTAttention):
@@ -92,25 +91,10 @@ class DamchaViTLayer(ViTLayer):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
 
-class DamchaViTPreTrainedModel(ViTPreTrainedModel):
+class DamchaViTPreTrainedModel(DamchaPreTrainedMixin, ViTPreTrainedModel):
     config_class = DamchaViTConfig
     config: DamchaViTConfig
     _no_split_modules = ["ViTEmbeddings", "DamchaViTLayer"]
-    # Flash and flex attention need equal query/value head widths, which `metric_context="query"` breaks;
-    # the other contexts run on them, but only eager and SDPA are tested here.
-    _supports_flash_attn = False
-    _supports_flex_attn = False
-
-    def _init_weights(self, module):
-        super()._init_weights(module)
-        init_cross_head_weights(module, std=self.config.initializer_range)
-
-    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
-        # Talking-heads and DCMHA run only in eager attention: default to it for them, refuse other backends.
-        eager_only = eager_attn_implementation_for(self.config, attn_implementation)
-        if eager_only is not None:
-            return eager_only
-        return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
 
 
 def check_pixel_values(config: DamchaViTConfig, pixel_values, interpolate_pos_encoding: bool | None) -> None:

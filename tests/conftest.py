@@ -9,7 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import GPT2Config  # noqa: E402
+from transformers import GPT2Config, ViTConfig  # noqa: E402
 
 import damcha_hf  # noqa: E402,F401  (registers the Auto classes)
 
@@ -36,6 +36,28 @@ def tiny_gpt2_config(**overrides) -> GPT2Config:
 
 def tiny_damcha_gpt2_config(**overrides) -> damcha_hf.DamchaGPT2Config:
     return damcha_hf.DamchaGPT2Config(**{**TINY_GPT2, "metric_hidden_size": 16, **overrides})
+
+
+TINY_VIT = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "image_size": 28,
+    "patch_size": 4,
+    "num_channels": 1,
+    "num_labels": 3,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
+
+
+def tiny_vit_config(**overrides) -> ViTConfig:
+    return ViTConfig(**{**TINY_VIT, **overrides})
+
+
+def tiny_damcha_vit_config(**overrides) -> damcha_hf.DamchaViTConfig:
+    return damcha_hf.DamchaViTConfig(**{**TINY_VIT, "metric_hidden_size": 16, **overrides})
 
 
 def randomize_metric(model: torch.nn.Module, scale: float = 0.5, seed: int = 0) -> None:

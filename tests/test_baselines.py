@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_damcha_gpt2_config, tiny_gpt2_config
+from conftest import tiny_damcha_gpt2_config, tiny_damcha_vit_config, tiny_gpt2_config, tiny_vit_config
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -336,26 +336,12 @@ def test_dcmha_checkpoint_loads_as_remote_code_without_the_plugin(tmp_path):
 
 # --- ViT: the same variants on DamchaViT ------------------------------------------------------------------------
 
-TINY_VIT = dict(
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    image_size=16,
-    patch_size=4,
-    num_channels=1,
-    num_labels=3,
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-)
-
-
 def images(batch=2, seed=0):
     return torch.randn(batch, 1, 16, 16, generator=torch.Generator().manual_seed(seed))
 
 
 def variant_vit(variant, randomize=True, **overrides) -> DamchaViTForImageClassification:
-    config = DamchaViTConfig(**{**TINY_VIT, "metric_hidden_size": 16, "cross_head_variant": variant, **overrides})
+    config = tiny_damcha_vit_config(image_size=16, cross_head_variant=variant, **overrides)
     model = DamchaViTForImageClassification(config).eval()
     if randomize:
         randomize_cross_head(model)
@@ -364,7 +350,7 @@ def variant_vit(variant, randomize=True, **overrides) -> DamchaViTForImageClassi
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_converted_vit_equals_vanilla(variant):
-    vanilla = ViTForImageClassification(ViTConfig(**TINY_VIT)).eval()
+    vanilla = ViTForImageClassification(tiny_vit_config(image_size=16)).eval()
     model = damcha_hf.convert_to_damcha(vanilla, cross_head_variant=variant)
     assert type(model) is DamchaViTForImageClassification and model.config.cross_head_variant == variant
     pixels = images()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import randomize_metric, tiny_damcha_gpt2_config
+from conftest import randomize_metric, tiny_damcha_gpt2_config, tiny_damcha_vit_config
 
 import damcha_hf
 from damcha_hf.registration import AUTO_CLASS_TABLE
@@ -115,19 +115,25 @@ def imported_packages(source: str) -> tuple[set[str], list[str]]:
     return absolute, relative
 
 
-GPT2_CLASSES = [
-    damcha_hf.DamchaGPT2Model,
-    damcha_hf.DamchaGPT2LMHeadModel,
-    damcha_hf.DamchaGPT2ForSequenceClassification,
+FAMILIES = [
+    (damcha_hf.DamchaGPT2Model, tiny_damcha_gpt2_config),
+    (damcha_hf.DamchaGPT2LMHeadModel, tiny_damcha_gpt2_config),
+    (damcha_hf.DamchaGPT2ForSequenceClassification, tiny_damcha_gpt2_config),
+    (damcha_hf.DamchaViTModel, tiny_damcha_vit_config),
+    (damcha_hf.DamchaViTForImageClassification, tiny_damcha_vit_config),
 ]
 
 
-@pytest.mark.parametrize("model_class", GPT2_CLASSES, ids=lambda cls: cls.__name__)
-def test_auto_map_lists_the_whole_family_whichever_class_is_saved(model_class, tmp_path):
-    model_class(tiny_damcha_gpt2_config()).save_pretrained(tmp_path)
+@pytest.mark.parametrize("model_class, make_config", FAMILIES, ids=lambda x: getattr(x, "__name__", ""))
+def test_auto_map_lists_the_whole_family_whichever_class_is_saved(model_class, make_config, tmp_path):
+    config = make_config()
+    model_class(config).save_pretrained(tmp_path)
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
-    assert auto_map == expected_auto_map(damcha_hf.DamchaGPT2Config)
-    assert set(auto_map) >= {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"}
+    assert auto_map == expected_auto_map(type(config))
+    expected_heads = {"AutoModelForCausalLM", "AutoModelForSequenceClassification"}
+    if isinstance(config, damcha_hf.DamchaViTConfig):
+        expected_heads = {"AutoModelForImageClassification"}
+    assert set(auto_map) >= {"AutoConfig", "AutoModel", *expected_heads}
     # Every referenced class is defined in a file that was copied next to the weights, and that file's relative
     # imports were copied too; nothing imports more than torch, transformers, huggingface_hub and the stdlib.
     python_files = {path.name: path.read_text() for path in tmp_path.glob("*.py")}
@@ -156,7 +162,12 @@ def test_gpt2_checkpoint_loads_with_trust_remote_code_without_the_plugin(tmp_pat
     report = load_in_fresh_process(folder, inputs, auto_classes, tmp_path / "fresh")
 
     assert report["damcha_hf_importable"] is False and report["plugin_modules"] == []
-    for auto_class, expected_class in zip(auto_classes, GPT2_CLASSES[1:2] + GPT2_CLASSES[:1] + GPT2_CLASSES[2:]):
+    expected_classes = [
+        damcha_hf.DamchaGPT2LMHeadModel,
+        damcha_hf.DamchaGPT2Model,
+        damcha_hf.DamchaGPT2ForSequenceClassification,
+    ]
+    for auto_class, expected_class in zip(auto_classes, expected_classes):
         module, class_name = report["classes"][auto_class]
         assert class_name == expected_class.__name__
         assert module.startswith("transformers_modules.") and module.endswith(".modeling_damcha_gpt2")

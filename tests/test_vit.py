@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import randomize_metric
+from conftest import randomize_metric, tiny_damcha_vit_config, tiny_vit_config
 from huggingface_hub.errors import StrictDataclassClassValidationError
 from safetensors.torch import load_file, save_file
 from transformers import (
@@ -26,28 +26,6 @@ from damcha_hf.cli import main as cli_main
 
 CONTEXTS = ["sequence", "token", "query"]
 MASKS = ["full", "diagonal", "offdiagonal"]
-
-TINY_VIT = {
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "intermediate_size": 64,
-    "image_size": 28,
-    "patch_size": 4,
-    "num_channels": 1,
-    "num_labels": 3,
-    "hidden_dropout_prob": 0.0,
-    "attention_probs_dropout_prob": 0.0,
-}
-
-
-def tiny_vit_config(**overrides) -> ViTConfig:
-    return ViTConfig(**{**TINY_VIT, **overrides})
-
-
-def tiny_damcha_vit_config(**overrides) -> DamchaViTConfig:
-    return DamchaViTConfig(**{**TINY_VIT, "metric_hidden_size": 16, **overrides})
-
 
 def images(batch=3, size=28, channels=1, seed=0):
     return torch.randn(batch, channels, size, size, generator=torch.Generator().manual_seed(seed))

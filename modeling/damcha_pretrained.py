@@ -1,0 +1,56 @@
+"""What every DAMCHA `PreTrainedModel` adds to the transformers base class it extends (GPT-2's, ViT's).
+
+Part of the remote-code payload: imports only transformers and its sibling files.
+"""
+
+from .damcha_attention import eager_attn_implementation_for, init_cross_head_weights
+
+
+def _code_reference(cls: type) -> str:
+    """`module_file.ClassName`, the form `auto_map` uses for code saved next to the weights."""
+    return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+
+
+def _subclasses(cls: type) -> list[type]:
+    found = []
+    for subclass in cls.__subclasses__():
+        found += [subclass, *_subclasses(subclass)]
+    return found
+
+
+class DamchaPreTrainedMixin:
+    """Mixed in before a transformers `*PreTrainedModel`: weight init, backend choice and remote-code saving."""
+
+    # Flash and flex attention need equal query/value head widths, which `metric_context="query"` breaks;
+    # the other contexts would run on them, but only eager and SDPA are tested here.
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        init_cross_head_weights(module, std=self.config.initializer_range)
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
+        # Talking-heads and DCMHA run only in eager attention: default to it for them, refuse other backends.
+        eager_only = eager_attn_implementation_for(self.config, attn_implementation)
+        if eager_only is not None:
+            return eager_only
+        return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
+
+    def family_auto_map(self) -> dict[str, str]:
+        """`auto_map` entries for the config and every model class of this family registered for an Auto class.
+
+        transformers' `save_pretrained` writes only the saved class; listing the whole family lets a checkpoint of
+        any head load with every Auto class under `trust_remote_code=True`.
+        """
+        family = next(cls for cls in type(self).__mro__ if DamchaPreTrainedMixin in cls.__bases__)
+        auto_map = {"AutoConfig": _code_reference(type(self.config))}
+        for cls in [family, *_subclasses(family)]:
+            if getattr(cls, "_auto_class", None) and cls.__module__ == type(self).__module__:
+                auto_map[cls._auto_class] = _code_reference(cls)
+        return auto_map
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        if self.is_remote_code():  # registered for remote code: the model files are copied next to the weights
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **self.family_auto_map()}
+        return super().save_pretrained(save_directory, *args, **kwargs)

@@ -74,6 +74,12 @@ def main(argv=None) -> dict:
     processor = common.image_processor(image_size, channels)
     common.attach_image_transforms(splits, processor, augment=not args.no_augment, image_size=image_size)
     model = build_model(args, labels, channels, image_size)
+    if resume:
+        # transformers 5.24 saves ViT weights under the legacy key names (vit.encoder.layer.N.attention.attention.*)
+        # and the Trainer's resume reads them back without renaming, leaving the encoder at its fresh init (plain
+        # ViTForImageClassification too). from_pretrained applies the renames, so load the weights that way; the
+        # Trainer then restores optimizer, scheduler, RNG and data position.
+        model = AutoModelForImageClassification.from_pretrained(resume, attn_implementation=args.attn)
     print(f"{type(model).__name__}: {model.num_parameters():,} parameters; {len(splits['train'])} training and "
           f"{len(splits['validation'])} validation images, {len(labels)} classes")  # fmt: skip
 

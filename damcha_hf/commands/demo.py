@@ -201,10 +201,20 @@ def run(args: argparse.Namespace) -> int:
     sample = tokenizer.decode(generated[0], skip_special_tokens=True)
 
     _save(damcha, tokenizer, args, histories["DAMCHA"], results, eval_blocks[:4])
+    _write_json(os.path.join(args.output_dir, "demo_results.json"),
+                {"steps": step, "results": results, "log_history": histories, "sample": sample})  # fmt: skip
     print(f"\nsaved the DAMCHA model to {args.output_dir}")
     print(f"\nsample (prompt {args.prompt!r}):\n{sample}\n")
     print(f"done in {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def _write_json(path: str, payload: dict) -> None:
+    import json
+
+    with open(f"{path}.tmp", "w") as handle:
+        json.dump(payload, handle, indent=1)
+    os.replace(f"{path}.tmp", path)
 
 
 def _save(model, tokenizer, args, log_history, results, heatmap_inputs) -> None:

@@ -1,0 +1,50 @@
+"""`damcha-hf demo` on a tiny slice: trains DAMCHA and MHA from the same start, reports both, saves a checkpoint."""
+
+import json
+import math
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import damcha_hf
+from damcha_hf.cli import main
+
+
+def test_demo_tiny_run_writes_a_loadable_checkpoint(tmp_path, capsys):
+    text = "".join(f"def function_{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text)
+    output = tmp_path / "demo"
+    exit_code = main([
+        "demo", "--data", str(corpus), "--output-dir", str(output), "--max-steps", "20", "--time-budget", "0",
+        "--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--block-size", "32", "--batch-size", "8",
+        "--metric-hidden-size", "8", "--eval-blocks", "8", "--sample-tokens", "10", "--no-progress",
+        "--learning-rate", "3e-3", "--num-threads", "1",
+    ])  # fmt: skip
+    assert exit_code == 0
+    printed = capsys.readouterr().out
+    assert "DAMCHA" in printed and "MHA" in printed and "bits per byte" in printed
+
+    report = json.loads((output / "demo_results.json").read_text())
+    assert report["steps"] == 20
+    damcha_log = [entry["loss"] for entry in report["log_history"]["DAMCHA"] if "loss" in entry]
+    mha_log = [entry["loss"] for entry in report["log_history"]["MHA"] if "loss" in entry]
+    # Same weights and batch at step 1 (the converted model's generator starts at zero): the same loss.
+    assert math.isclose(damcha_log[0], mha_log[0], rel_tol=1e-5)
+    for losses in (damcha_log, mha_log):
+        assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    for name in ("DAMCHA", "MHA"):
+        row = report["results"][name]
+        assert math.isclose(row["eval_bits_per_byte"], row["eval_loss"] / math.log(2), rel_tol=1e-6)
+        assert row["eval_bits_per_byte"] < 8.0  # uniform over 257 tokens would be ~8.0 bits per byte
+
+    model = AutoModelForCausalLM.from_pretrained(output)
+    assert isinstance(model, damcha_hf.DamchaGPT2LMHeadModel)
+    generator_weight = model.transformer.cross_head_metric.generators[0].fc_out.weight
+    assert generator_weight.abs().sum() > 0  # the metric was learned
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    assert tokenizer("def")["input_ids"] == list(b"def")
+    with torch.no_grad():
+        ids = torch.tensor([list(b"def function_1(x):\n")])
+        loss = model(input_ids=ids, labels=ids).loss.item()
+    assert loss / math.log(2) < 8.0

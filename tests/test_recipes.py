@@ -1,0 +1,253 @@
+"""Each recipe end to end on tiny generated data: the loss goes down, resume continues at the saved step,
+two Accelerate processes stay identical, LoRA trains only LoRA + generator and merges exactly."""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForImageClassification,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
+
+import damcha_hf
+from damcha_hf.data import byte_level_tokenizer
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+TINY_GPT2_ARGS = ["--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--block-size", "32", "--batch-size", "8",
+                  "--metric-hidden-size", "8", "--learning-rate", "3e-3", "--logging-steps", "1",
+                  "--max-eval-samples", "16", "--num-threads", "1"]  # fmt: skip
+
+
+def load_recipe(name: str):
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", RECIPES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    rng = np.random.default_rng(0)
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "then", "runs", "far", "away"]
+    lines = [" ".join(rng.choice(words, 12)) + "\n" for _ in range(400)]
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("".join(lines))
+    return str(path)
+
+
+def losses(log_history) -> dict[int, float]:
+    return {entry["step"]: entry["loss"] for entry in log_history if "loss" in entry}
+
+
+def assert_loss_goes_down(step_losses: dict[int, float]) -> None:
+    values = [step_losses[step] for step in sorted(step_losses)]
+    assert np.mean(values[-2:]) < np.mean(values[:2]), values
+
+
+def trainer_state(folder) -> dict:
+    return json.loads((Path(folder) / "trainer_state.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["train_gpt2", "train_gpt2_accelerate", "train_vit", "finetune_lora"])
+def test_help_lists_every_metric_option(name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_recipe(name).parse_args(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--metric-context", "--metric-mask", "--metric-sharing", "--metric-hidden-size",
+                   "--cross-head-variant", "--attn", "--max-steps", "--max-train-samples", "--resume"):  # fmt: skip
+        assert option in text, option
+
+
+def test_train_gpt2_learns_saves_and_resumes_at_the_saved_step(tmp_path, corpus):
+    recipe = load_recipe("train_gpt2")
+    common_args = ["--data", corpus, *TINY_GPT2_ARGS, "--max-steps", "6", "--save-steps", "3", "--eval-steps", "3"]
+    full = recipe.main([*common_args, "--output-dir", str(tmp_path / "full")])
+    assert full["global_step"] == 6
+    uninterrupted = losses(trainer_state(tmp_path / "full" / "checkpoint-6")["log_history"])
+    assert_loss_goes_down(uninterrupted)
+    assert full["eval_bits_per_byte"] < 8.0
+
+    final = tmp_path / "full" / "final"
+    model = AutoModelForCausalLM.from_pretrained(final)
+    assert isinstance(model, damcha_hf.DamchaGPT2LMHeadModel)
+    assert AutoTokenizer.from_pretrained(final)("fox")["input_ids"] == list(b"fox")
+
+    # Resume from step 3 in a fresh folder: the run continues at step 4 and repeats the uninterrupted losses.
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    shutil.copytree(tmp_path / "full" / "checkpoint-3", resumed_dir / "checkpoint-3")
+    resumed = recipe.main([*common_args, "--output-dir", str(resumed_dir), "--resume"])
+    assert resumed["resumed_from"] == str(resumed_dir / "checkpoint-3")
+    state = trainer_state(resumed_dir / "checkpoint-6")
+    assert state["global_step"] == 6
+    after_resume = losses(state["log_history"])
+    for step in (4, 5, 6):
+        assert after_resume[step] == pytest.approx(uninterrupted[step], rel=1e-5)
+
+
+def test_train_gpt2_bpe_and_metric_options_reach_the_model(tmp_path, corpus):
+    result = load_recipe("train_gpt2").main([
+        "--data", corpus, *TINY_GPT2_ARGS, "--max-steps", "2", "--output-dir", str(tmp_path),
+        "--tokenizer", "bpe", "--bpe-vocab-size", "300", "--metric-context", "query", "--metric-mask", "diagonal",
+        "--metric-sharing", "layer", "--cross-head-variant", "damcha", "--attn", "eager", "--n-layer", "2",
+    ])  # fmt: skip
+    assert result["global_step"] == 2
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "final")
+    assert len(tokenizer) == model.config.vocab_size <= 300
+    assert len(tokenizer("the quick brown fox")["input_ids"]) < len("the quick brown fox")  # BPE merges
+    config = model.config
+    assert (config.metric_context, config.metric_mask, config.metric_sharing, config.metric_hidden_size) == (
+        "query", "diagonal", "layer", 8)
+    assert config.n_layer == 2 and len(model.transformer.cross_head_metric.generators) == 2  # one per layer
+
+
+def _accelerate(args, *, launcher=None, timeout=300):
+    command = [*(launcher or [sys.executable]), str(RECIPES / "train_gpt2_accelerate.py"), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed
+
+
+def test_accelerate_recipe_resumes_at_the_saved_step(tmp_path, corpus):
+    common_args = ["--data", corpus, *TINY_GPT2_ARGS, "--max-steps", "6", "--save-steps", "3", "--eval-steps", "3"]
+    _accelerate([*common_args, "--output-dir", str(tmp_path / "full")])
+    uninterrupted = losses(json.loads((tmp_path / "full" / "checkpoint-6" / "loop_state.json").read_text())["log_history"])
+    assert_loss_goes_down(uninterrupted)
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    shutil.copytree(tmp_path / "full" / "checkpoint-3", resumed_dir / "checkpoint-3")
+    completed = _accelerate([*common_args, "--output-dir", str(resumed_dir), "--resume"])
+    assert "at step 3" in completed.stdout
+    state = json.loads((resumed_dir / "checkpoint-6" / "loop_state.json").read_text())
+    assert state["step"] == 6
+    for step in (4, 5, 6):
+        assert losses(state["log_history"])[step] == pytest.approx(uninterrupted[step], rel=1e-5)
+    assert (resumed_dir / "parameter_sha256_rank0.txt").read_text() == (
+        tmp_path / "full" / "parameter_sha256_rank0.txt").read_text()
+
+
+def test_accelerate_two_cpu_processes_keep_identical_parameters(tmp_path, corpus):
+    accelerate = [str(Path(sys.executable).parent / "accelerate"), "launch",
+                  "--config_file", str(RECIPES / "accelerate_configs" / "cpu_ddp_2proc.yaml"),
+                  "--main_process_port", str(29500 + os.getpid() % 1000)]  # fmt: skip
+    args = ["--data", corpus, *TINY_GPT2_ARGS, "--batch-size", "4", "--max-steps", "6", "--eval-steps", "6",
+            "--output-dir", str(tmp_path)]  # fmt: skip
+    _accelerate(args, launcher=accelerate)
+    checksums = [(tmp_path / f"parameter_sha256_rank{rank}.txt").read_text() for rank in (0, 1)]
+    assert checksums[0] == checksums[1]
+    results = json.loads((tmp_path / "eval_results.json").read_text())
+    assert results["num_processes"] == 2 and results["global_step"] == 6
+    log = losses(json.loads((tmp_path / "checkpoint-6" / "loop_state.json").read_text())["log_history"])
+    assert_loss_goes_down(log)
+    # The saved model is the one every process holds.
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    assert load_recipe("train_gpt2_accelerate").parameter_sha256(model) + "\n" == checksums[0]
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for label, level in (("dark", 50), ("bright", 200)):
+        (root / label).mkdir()
+        for i in range(12):
+            pixels = np.clip(rng.normal(level, 30, (16, 16, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / label / f"{i}.png")
+    return str(root)
+
+
+def test_train_vit_learns_and_resumes(tmp_path, image_folder):
+    recipe = load_recipe("train_vit")
+    common_args = ["--data", image_folder, "--image-size", "16", "--patch-size", "4", "--hidden-size", "32",
+                   "--num-layers", "2", "--num-heads", "4", "--metric-hidden-size", "8", "--batch-size", "8",
+                   "--max-steps", "6", "--save-steps", "3", "--eval-steps", "3", "--logging-steps", "1",
+                   "--learning-rate", "3e-3", "--num-threads", "1", "--no-augment"]  # fmt: skip
+    full = recipe.main([*common_args, "--output-dir", str(tmp_path / "full")])
+    uninterrupted = losses(trainer_state(tmp_path / "full" / "checkpoint-6")["log_history"])
+    assert_loss_goes_down(uninterrupted)
+    assert 0.0 <= full["eval_accuracy"] <= 1.0
+    model = AutoModelForImageClassification.from_pretrained(tmp_path / "full" / "final")
+    assert isinstance(model, damcha_hf.DamchaViTForImageClassification)
+    assert model.config.id2label == {0: "bright", 1: "dark"}
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    shutil.copytree(tmp_path / "full" / "checkpoint-3", resumed_dir / "checkpoint-3")
+    resumed = recipe.main([*common_args, "--output-dir", str(resumed_dir), "--resume"])
+    assert resumed["global_step"] == 6
+    after_resume = losses(trainer_state(resumed_dir / "checkpoint-6")["log_history"])
+    for step in (4, 5, 6):
+        assert after_resume[step] == pytest.approx(uninterrupted[step], rel=1e-5)
+
+
+def test_vit_augmentation_crops_and_flips_without_torchvision():
+    common = load_recipe("train_vit").common
+    image = torch.arange(2 * 6 * 6, dtype=torch.float32).view(2, 6, 6)
+    seen = set()
+    for seed in range(40):
+        out = common.random_crop_and_flip(image, padding=1, generator=torch.Generator().manual_seed(seed))
+        assert out.shape == image.shape
+        padded = torch.nn.functional.pad(image[None], (1,) * 4, mode="reflect")[0]
+        matches = [(top, left, flip) for top in range(3) for left in range(3) for flip in (False, True)
+                   if torch.equal(out, (lambda c: c.flip(-1) if flip else c)(padded[:, top:top + 6, left:left + 6]))]  # fmt: skip
+        assert matches, "output is not a flipped/unflipped crop of the padded image"
+        seen.update(matches)
+    assert any(flip for *_, flip in seen) and any(not flip for *_, flip in seen)
+    assert len({(top, left) for top, left, _ in seen}) > 3
+
+
+@pytest.fixture(scope="module")
+def pretrained_gpt2(tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("gpt2-base")
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=257, n_positions=64, n_embd=32, n_layer=2, n_head=4, bos_token_id=256,
+                        eos_token_id=256, pad_token_id=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    byte_level_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def test_lora_trains_only_lora_and_generator_and_merges_exactly(tmp_path, corpus, pretrained_gpt2):
+    recipe = load_recipe("finetune_lora")
+    result = recipe.main([
+        "--base", pretrained_gpt2, "--data", corpus, "--output-dir", str(tmp_path), "--max-steps", "8",
+        "--batch-size", "8", "--block-size", "32", "--logging-steps", "1", "--eval-steps", "8",
+        "--max-eval-samples", "16", "--learning-rate", "1e-2", "--lora-rank", "4", "--metric-hidden-size", "8",
+        "--num-threads", "1", "--merge",
+    ])  # fmt: skip
+    trainable = result["trainable_parameters"]
+    assert trainable and all("lora_" in name or "cross_head_metric" in name for name in trainable)
+    assert any("cross_head_metric" in name for name in trainable)
+    assert {name.split("lora_")[0].rstrip(".").rsplit(".", 1)[-1] for name in trainable if "lora_" in name} == {
+        "c_attn", "c_proj", "c_fc"}
+    assert_loss_goes_down(losses(trainer_state(tmp_path / "checkpoint-8")["log_history"]))
+
+    base = GPT2LMHeadModel.from_pretrained(pretrained_gpt2)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert type(merged) is damcha_hf.DamchaGPT2LMHeadModel
+    base_weights, merged_weights = base.state_dict(), merged.state_dict()
+    for name, weight in base_weights.items():
+        changed = not torch.equal(weight, merged_weights[name])
+        is_target = any(f".{target}." in name for target in ("c_attn", "c_proj", "c_fc")) and name.endswith("weight")
+        assert changed == is_target, name  # frozen weights are untouched; LoRA targets moved by the merge
+    generator = [w for name, w in merged_weights.items() if "cross_head_metric" in name and "fc_out.weight" in name]
+    assert generator and all(w.abs().sum() > 0 for w in generator)  # the generator trained in full, off zero
+
+    peft_model = recipe.load_adapter(pretrained_gpt2, str(tmp_path / "adapter"), metric_hidden_size=8).eval()
+    ids = torch.tensor([list(b"the quick brown fox jumps over")])
+    with torch.no_grad():
+        torch.testing.assert_close(merged.eval()(ids).logits, peft_model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)

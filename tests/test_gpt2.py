@@ -356,3 +356,18 @@ def test_query_context_refuses_backends_that_cannot_run_it():
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="attn_implementation"):
         model(tokens())
+
+
+@pytest.mark.parametrize(
+    "variant, expected",
+    [
+        ("damcha", (768 * 64 + 64) + (64 * 12 * 12 + 12 * 12)),  # one stack generator: d -> r -> H*H
+        ("talking_heads", 12 * 2 * 12 * 12),  # per layer: an H x H mix before and after the softmax
+    ],
+)
+def test_info_prints_the_cross_head_parameter_count_of_gpt2_small(capsys, variant, expected):
+    from damcha_hf.cli import main
+
+    assert main(["info", "--cross-head-variant", variant]) == 0
+    printed = capsys.readouterr().out
+    assert f"cross-head params:  {expected:,} (" in printed and "124," in printed

@@ -1,5 +1,6 @@
 """The built wheel installs everything under the `damcha_hf` namespace, with the model files and metric modules."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,8 +14,11 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> zipfile.ZipFile:
     out = tmp_path_factory.mktemp("wheel")
+    # Build from a copy, so the build leaves no build/ or egg-info folder in the checkout.
+    source = tmp_path_factory.mktemp("source") / "damcha-hf"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "*.egg-info", "__pycache__", "docs", "damcha-demo", "runs", "outputs"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
         check=True,
         capture_output=True,
     )

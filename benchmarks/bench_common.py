@@ -11,8 +11,8 @@ import json
 import os
 import statistics
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, ViTConfig, ViTForImageClassification
@@ -55,34 +55,34 @@ def cross_head_variants(config_class) -> list[str]:
 
 
 def gpt2_config_kwargs(layers: int, width: int, heads: int, positions: int, vocab: int, dropout: float = 0.0) -> dict:
-    return dict(
-        vocab_size=vocab,
-        n_positions=positions,
-        n_embd=width,
-        n_layer=layers,
-        n_head=heads,
-        resid_pdrop=dropout,
-        embd_pdrop=dropout,
-        attn_pdrop=dropout,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=0,
-    )
+    return {
+        "vocab_size": vocab,
+        "n_positions": positions,
+        "n_embd": width,
+        "n_layer": layers,
+        "n_head": heads,
+        "resid_pdrop": dropout,
+        "embd_pdrop": dropout,
+        "attn_pdrop": dropout,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "pad_token_id": 0,
+    }
 
 
 def vit_config_kwargs(image_size, patch_size, channels, layers, width, heads, labels, dropout=0.0) -> dict:
-    return dict(
-        image_size=image_size,
-        patch_size=patch_size,
-        num_channels=channels,
-        hidden_size=width,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=4 * width,
-        num_labels=labels,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-    )
+    return {
+        "image_size": image_size,
+        "patch_size": patch_size,
+        "num_channels": channels,
+        "hidden_size": width,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "intermediate_size": 4 * width,
+        "num_labels": labels,
+        "hidden_dropout_prob": dropout,
+        "attention_probs_dropout_prob": dropout,
+    }
 
 
 def score_mixing_variants() -> tuple[str, ...]:
@@ -153,7 +153,7 @@ def _variant_rows(variants, mha, damcha, context) -> list[Row]:
         rows.append(Row("MHA (eager)", lambda: mha("eager"), "mha"))
     for variant in variants:
         implementation = "eager" if variant in eager_only else None
-        options = dict(metric_context=context, cross_head_variant=variant)
+        options = {"metric_context": context, "cross_head_variant": variant}
         build = damcha("eager", **options) if implementation else damcha(**options)
         rows.append(Row(f"variant {variant}" + (" (eager)" if implementation else ""), build, "variant"))
     return rows
@@ -238,7 +238,7 @@ def format_table(headers: list[str], rows: list[list]) -> str:
     """A GitHub-markdown table (also readable on a terminal)."""
     cells = [[str(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    line = lambda values: "| " + " | ".join(v.ljust(w) for v, w in zip(values, widths)) + " |"  # noqa: E731
+    line = lambda values: "| " + " | ".join(v.ljust(w) for v, w in zip(values, widths)) + " |"
     out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in cells]
     return "\n".join(out)

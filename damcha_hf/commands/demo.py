@@ -14,7 +14,8 @@ import time
 
 DEFAULT_MAX_STEPS = 1000
 DEFAULT_TIME_BUDGET_MINUTES = 6.0
-CALIBRATION_STEPS = 20
+CALIBRATION_STEPS = 16
+WARMUP_TIMING_STEPS = 4
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -55,6 +56,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _fastest_thread_count(model, batch) -> int:
+    """1 thread or one per core, whichever runs a training step faster here and now.
+
+    Small matrices gain little from a second thread, and on a machine whose cores are busy with other work, torch's
+    threads wait on each other: 2 threads measured 5x slower than 1 on a loaded 2-core machine. Gradients are cleared
+    afterwards, and no optimizer step is taken, so training is unaffected.
+    """
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    candidates = sorted({1, max(1, min(cores, torch.get_num_threads()))})
+    if len(candidates) == 1:
+        return candidates[0]
+    timings = {}
+    for threads in candidates + candidates:  # twice each: the first call also pays one-off costs
+        torch.set_num_threads(threads)
+        start = time.perf_counter()
+        model(input_ids=batch, labels=batch).loss.backward()
+        timings[threads] = time.perf_counter() - start
+    model.zero_grad(set_to_none=True)
+    return min(timings, key=timings.get)
+
+
 def _evaluate(model, blocks, batch_size):
     """(mean NLL in nats per predicted byte, bits per byte) over `blocks` (a LongTensor of token blocks)."""
     import torch
@@ -88,8 +112,6 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"damcha-hf demo: --prompt must be shorter than --block-size ({args.block_size} bytes).")
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
-    else:  # every core, but no more threads than cores (oversubscription slows small matmuls down)
-        torch.set_num_threads(max(1, min(torch.get_num_threads(), len(os.sched_getaffinity(0)))))
     torch.manual_seed(args.seed)
 
     tokenizer = byte_level_tokenizer()
@@ -99,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     train_blocks = torch.tensor(blocks["train"]["input_ids"])
     eval_blocks = torch.tensor(blocks["validation"]["input_ids"][: args.eval_blocks])
     print(f"[{time.perf_counter() - started:.0f} s] data: {args.data}: {len(train_blocks)} training and {len(eval_blocks)} validation blocks of "
-          f"{args.block_size} bytes; {torch.get_num_threads()} CPU threads")  # fmt: skip
+          f"{args.block_size} bytes")  # fmt: skip
 
     config = GPT2Config(
         vocab_size=len(tokenizer),
@@ -135,9 +157,14 @@ def run(args: argparse.Namespace) -> int:
         schedulers[name] = torch.optim.lr_scheduler.LambdaLR(optimizers[name], learning_rate_factor)
 
     order = torch.randperm(len(train_blocks), generator=torch.Generator().manual_seed(args.seed))
+    if not args.num_threads:
+        torch.set_num_threads(_fastest_thread_count(damcha, train_blocks[order[: args.batch_size]]))
+    print(f"{torch.get_num_threads()} CPU thread(s); {sum(p.numel() for p in damcha.parameters()):,} parameters "
+          f"(DAMCHA), {sum(p.numel() for p in mha.parameters()):,} (MHA)")  # fmt: skip
     histories = {name: [] for name in models}
     progress = tqdm(total=plan["total"], desc="training DAMCHA and MHA", disable=args.no_progress)
-    step, training_started = 0, time.perf_counter()
+    step = 0
+    training_started = timing_start = time.perf_counter()
     while step < plan["total"]:
         step += 1
         start = (step - 1) * args.batch_size % len(order)
@@ -157,15 +184,23 @@ def run(args: argparse.Namespace) -> int:
             histories[name].append({"step": step, "loss": losses[name], "learning_rate": schedulers[name].get_last_lr()[0]})
         progress.update(1)
         progress.set_postfix({f"{name} loss": f"{value:.3f}" for name, value in losses.items()})
-        if step == CALIBRATION_STEPS and args.time_budget > 0:
-            seconds_per_step = (time.perf_counter() - training_started) / step
-            # Evaluations cost about 3% on top of the steps; keep that margin.
-            affordable = int(args.time_budget * 60 / seconds_per_step / 1.03)
-            if affordable < plan["total"]:
-                plan["total"] = max(step, affordable)
-                progress.total = plan["total"]
-                progress.write(f"{seconds_per_step:.2f} s per step: {plan['total']} steps fit the "
-                               f"{args.time_budget:g}-minute budget (--time-budget)")  # fmt: skip
+        if step == WARMUP_TIMING_STEPS:
+            timing_start = time.perf_counter()  # the first steps are slower (allocator, thread pools): skip them
+        if args.time_budget > 0 and step >= CALIBRATION_STEPS and step & (step - 1) == 0:
+            # Re-estimate at steps 16, 32, 64, ... while under 60% of the budget: other work on the machine changes
+            # the pace. Both models share the plan, so the comparison stays exact.
+            elapsed = time.perf_counter() - training_started
+            if step == CALIBRATION_STEPS or elapsed < 0.6 * args.time_budget * 60:
+                seconds_per_step = (time.perf_counter() - timing_start) / (step - WARMUP_TIMING_STEPS)
+                # Evaluations cost about 3% on top of the steps; keep that margin.
+                affordable = step + int((args.time_budget * 60 - elapsed) / seconds_per_step / 1.03)
+                new_total = max(step, min(args.max_steps, affordable))
+                if new_total != plan["total"]:
+                    plan["total"] = progress.total = new_total
+                    progress.write(f"{seconds_per_step:.2f} s per step: {new_total} steps fit the "
+                                   f"{args.time_budget:g}-minute budget (--time-budget)")  # fmt: skip
+        if args.time_budget > 0 and time.perf_counter() - training_started > args.time_budget * 60 * 1.1:
+            plan["total"] = progress.total = step  # far slower than measured: stop here (evaluated below)
         eval_every = args.eval_every or max(1, plan["total"] // 5)
         if step % eval_every == 0 or step == plan["total"]:
             for name, model in models.items():

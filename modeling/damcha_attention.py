@@ -353,28 +353,22 @@ def cross_head_attention(
         return _score_mixing_cross_head_attention(
             module, hidden_states, query, key, value, attention_mask, dropout=dropout, cache=cache, **kwargs
         )
-    if variant == "none":
-        if cache is not None:
-            key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
-        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, default_attention)
-        return attention_interface(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=module.scaling, **kwargs
+    if variant == "damcha":
+        if metric is None:
+            raise ValueError(
+                f"{type(module).__name__}: `cross_head_variant='damcha'` needs the model's `cross_head_metric`; call "
+                "the layer through its model, which passes it."
+            )
+        check_attention_backend(config.metric_context, config._attn_implementation)
+        query, key = cross_head_query_key(
+            query,
+            key,
+            hidden_states,
+            metric,
+            layer_idx=module.layer_idx or 0,
+            metric_context=config.metric_context,
+            metric_mask=config.metric_mask,
         )
-    if metric is None:
-        raise ValueError(
-            f"{type(module).__name__}: `cross_head_variant='damcha'` needs the model's `cross_head_metric`; call the "
-            "layer through its model, which passes it."
-        )
-    check_attention_backend(config.metric_context, config._attn_implementation)
-    query, key = cross_head_query_key(
-        query,
-        key,
-        hidden_states,
-        metric,
-        layer_idx=module.layer_idx or 0,
-        metric_context=config.metric_context,
-        metric_mask=config.metric_mask,
-    )
     if cache is not None:
         key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
     key = expand_shared_key(key, query.shape[1])

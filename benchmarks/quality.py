@@ -98,6 +98,10 @@ def parse_args(argv=None):
     parser.add_argument("--prefix", help="output file prefix (default: quality, quality_quick or quality_tiny)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--replot", metavar="JSON", help="only redraw the tables and figures of an earlier run's JSON")
+    parser.add_argument(
+        "--merge", metavar="JSON", nargs="+",
+        help="combine earlier runs of the same settings but different seeds into <out-dir>/<prefix>.json (and figures)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     preset_name = "tiny" if args.tiny else "quick" if args.quick else "full"
     for key, value in PRESETS[preset_name].items():
@@ -526,10 +530,58 @@ def replot(path: str, out_dir: str) -> dict:
     return report
 
 
+TASK_METRICS = {
+    "lm": ["validation_bpb", "test_bpb"] + [f"{m}_test_bpb" for m in ABLATION_MASKS],
+    "vit": ["test_top1"] + [f"{m}_test_top1" for m in ABLATION_MASKS],
+}
+RUN_SETTINGS_IGNORED = {"seeds", "tasks", "prefix", "out_dir", "threads", "merge", "replot", "no_plots", "device"}
+
+
+def merge(paths: list[str], out_dir: str, prefix: str) -> dict:
+    """One report from several runs that differ only in their seeds (and tasks): the seeds' records are pooled."""
+    reports = []
+    for path in paths:
+        with open(path) as file:
+            reports.append(json.load(file))
+    settings = [{k: v for k, v in r["args"].items() if k not in RUN_SETTINGS_IGNORED} for r in reports]
+    for path, setting in zip(paths[1:], settings[1:]):
+        differing = sorted(k for k in setting if setting[k] != settings[0].get(k))
+        if differing:
+            raise ValueError(f"--merge: {path} was run with other settings than {paths[0]}: {', '.join(differing)}")
+    results: dict = {}
+    for report in reports:
+        for task, rows in report["results"].items():
+            for row, records in rows.items():
+                pooled = results.setdefault(task, {}).setdefault(row, [])
+                seeds = {r["seed"] for r in pooled}
+                duplicate = seeds & {r["seed"] for r in records}
+                if duplicate:
+                    raise ValueError(f"--merge: seed(s) {sorted(duplicate)} of {task} {row} appear in two runs")
+                pooled.extend(records)
+    all_seeds = sorted({r["seed"] for rows in results.values() for records in rows.values() for r in records})
+    report = {
+        "machine": reports[0]["machine"],
+        "torch": reports[0]["torch"],
+        "args": {**reports[0]["args"], "seeds": all_seeds, "prefix": prefix, "merged_from": paths},
+        "data": reports[0]["data"],
+        "wall_seconds": sum(r["wall_seconds"] for r in reports),
+        "summary": {task: summarise(rows, TASK_METRICS[task]) for task, rows in results.items()},
+        "results": results,
+    }
+    report["tables"] = tables(report)
+    print(report["tables"])
+    json_path = os.path.join(out_dir, f"{prefix}.json")
+    write_json_atomic(json_path, report)
+    print("wrote " + ", ".join([json_path] + plot(report, results, out_dir, prefix)))
+    return report
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.replot:
         return replot(args.replot, args.out_dir)
+    if args.merge:
+        return merge(args.merge, args.out_dir, args.prefix)
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     machine = (
@@ -541,11 +593,10 @@ def main(argv=None):
     results, summary = {}, {}
     if "lm" in args.tasks:
         results["lm"] = run_lm(args, device)
-        summary["lm"] = summarise(results["lm"], ["validation_bpb", "test_bpb"]
-                                  + [f"{m}_test_bpb" for m in ABLATION_MASKS])  # fmt: skip
+        summary["lm"] = summarise(results["lm"], TASK_METRICS["lm"])
     if "vit" in args.tasks:
         results["vit"] = run_vit(args, device)
-        summary["vit"] = summarise(results["vit"], ["test_top1"] + [f"{m}_test_top1" for m in ABLATION_MASKS])
+        summary["vit"] = summarise(results["vit"], TASK_METRICS["vit"])
     report = {
         "machine": machine,
         "torch": torch.__version__,

@@ -170,3 +170,24 @@ def test_bad_arguments_are_refused():
         speed.parse_args(["--tiny", "--width", "30", "--heads", "4"])
     with pytest.raises(SystemExit):
         quality.parse_args(["--tiny", "--lm-steps", "0"])
+
+
+def test_quality_merge_pools_seeds_and_refuses_duplicates(tmp_path):
+    common = ["--tiny", "--synthetic", "--threads", "1", "--tasks", "lm", "--no-plots", "--out-dir", str(tmp_path)]
+    first = quality.main([*common, "--seeds", "0", "--prefix", "first"])
+    second = quality.main([*common, "--seeds", "1", "--prefix", "second"])
+    merged = quality.main(
+        ["--merge", str(tmp_path / "first.json"), str(tmp_path / "second.json"), "--out-dir", str(tmp_path)]
+        + ["--prefix", "merged"]
+    )
+    for row in ("MHA", "DAMCHA token"):
+        expected = (
+            first["summary"]["lm"][row]["test_bpb"]["per_seed"] + second["summary"]["lm"][row]["test_bpb"]["per_seed"]
+        )
+        assert merged["summary"]["lm"][row]["test_bpb"]["per_seed"] == expected
+        assert merged["summary"]["lm"][row]["test_bpb"]["mean"] == pytest.approx(sum(expected) / 2)
+    assert json.loads((tmp_path / "merged.json").read_text())["args"]["seeds"] == [0, 1]
+    with pytest.raises(ValueError, match="seed"):
+        quality.main(
+            ["--merge", str(tmp_path / "first.json"), str(tmp_path / "first.json"), "--out-dir", str(tmp_path)]
+        )

@@ -114,11 +114,14 @@ def gpt2_rows(
     seed: int = 0,
     variants: bool = True,
     attn_implementation: str = "sdpa",
+    parameter_matched_mha: bool = False,
 ) -> list[Row]:
     """MHA (vanilla `GPT2LMHeadModel`), DAMCHA per `metric_context`, and the baseline variants when available.
 
     Every model built for the same `seed` starts from the same GPT-2 weights; DAMCHA's metric generator starts at
     zero (its input layer from a seeded normal), so at step 0 every row computes the same function.
+    `parameter_matched_mha` adds "MHA +params": vanilla GPT-2 whose MLPs are widened until it has as many parameters
+    as DAMCHA (to the nearest MLP unit), the control for DAMCHA's extra generator parameters.
     """
 
     def mha(implementation=attn_implementation):
@@ -138,10 +141,25 @@ def gpt2_rows(
         return build
 
     rows = [Row("MHA", mha, "mha")]
+    if parameter_matched_mha:
+        rows.append(Row("MHA +params", _parameter_matched_gpt2(config_kwargs, metric_hidden_size, seed), "mha"))
     rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
     if variants:
         rows += _variant_rows(cross_head_variants(damcha_hf.DamchaGPT2Config), mha, damcha, "token")
     return rows
+
+
+def _parameter_matched_gpt2(config_kwargs: dict, metric_hidden_size: int, seed: int):
+    width, layers, heads = config_kwargs["n_embd"], config_kwargs["n_layer"], config_kwargs["n_head"]
+    generator = width * metric_hidden_size + metric_hidden_size + metric_hidden_size * heads**2 + heads**2
+    per_unit = layers * (2 * width + 1)  # one more MLP unit: a column of c_fc (+ bias) and a row of c_proj, per layer
+    inner = 4 * width + round(generator / per_unit)
+
+    def build():
+        torch.manual_seed(seed)
+        return GPT2LMHeadModel(GPT2Config(**config_kwargs, n_inner=inner, attn_implementation="sdpa")).train()
+
+    return build
 
 
 def _variant_rows(variants, mha, damcha, context) -> list[Row]:

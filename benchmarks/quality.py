@@ -97,6 +97,11 @@ def parse_args(argv=None):
     parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs"))
     parser.add_argument("--prefix", help="output file prefix (default: quality, quality_quick or quality_tiny)")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument(
+        "--parameter-matched-mha", action="store_true",
+        help='add the LM row "MHA +params": GPT-2 with MLPs widened to DAMCHA\'s parameter count (control)',
+    )  # fmt: skip
+    parser.add_argument("--rows", nargs="+", help='run only these rows (e.g. "MHA +params"); default: all')
     parser.add_argument("--replot", metavar="JSON", help="only redraw the tables and figures of an earlier run's JSON")
     parser.add_argument(
         "--merge", metavar="JSON", nargs="+",
@@ -312,8 +317,15 @@ def run_lm(args, device) -> dict:
     context, eval_batch = args.lm_context, 64
     results = {}
     for seed in args.seeds:
-        rows = gpt2_rows(kwargs, contexts=("token", "query"), metric_hidden_size=args.metric_hidden_size, seed=seed,
-                         variants=False)  # fmt: skip
+        rows = gpt2_rows(
+            kwargs,
+            contexts=("token", "query"),
+            metric_hidden_size=args.metric_hidden_size,
+            seed=seed,
+            variants=False,
+            parameter_matched_mha=args.parameter_matched_mha,
+        )
+        rows = [row for row in rows if args.rows is None or row.name in args.rows]
         for row in rows:
             generator = torch.Generator().manual_seed(1000 + seed)  # same batches for every row of a seed
             starts = torch.randint(
@@ -356,6 +368,7 @@ def run_vit(args, device) -> dict:
     for seed in args.seeds:
         rows = vit_rows(kwargs, contexts=("sequence", "token"), metric_hidden_size=args.metric_hidden_size, seed=seed,
                         variants=False)  # fmt: skip
+        rows = [row for row in rows if args.rows is None or row.name in args.rows]
         for row in rows:
             generator = torch.Generator().manual_seed(2000 + seed)
             picks = torch.randint(0, len(train_x), (args.vit_steps, args.vit_batch), generator=generator)
@@ -534,7 +547,10 @@ TASK_METRICS = {
     "lm": ["validation_bpb", "test_bpb"] + [f"{m}_test_bpb" for m in ABLATION_MASKS],
     "vit": ["test_top1"] + [f"{m}_test_top1" for m in ABLATION_MASKS],
 }
-RUN_SETTINGS_IGNORED = {"seeds", "tasks", "prefix", "out_dir", "threads", "merge", "replot", "no_plots", "device"}
+RUN_SETTINGS_IGNORED = {
+    "seeds", "tasks", "prefix", "out_dir", "threads", "merge", "replot", "no_plots", "device", "rows",
+    "parameter_matched_mha",
+}  # fmt: skip
 
 
 def merge(paths: list[str], out_dir: str, prefix: str) -> dict:

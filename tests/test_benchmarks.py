@@ -191,3 +191,14 @@ def test_quality_merge_pools_seeds_and_refuses_duplicates(tmp_path):
         quality.main(
             ["--merge", str(tmp_path / "first.json"), str(tmp_path / "first.json"), "--out-dir", str(tmp_path)]
         )
+
+
+def test_parameter_matched_mha_has_damchas_parameter_count():
+    kwargs = bench_common.gpt2_config_kwargs(3, 64, 8, 16, vocab=50)
+    rows = {r.name: r for r in bench_common.gpt2_rows(kwargs, metric_hidden_size=16, parameter_matched_mha=True)}
+    matched = rows["MHA +params"].build()
+    damcha = bench_common.count_parameters(rows["DAMCHA token"].build())
+    one_mlp_unit = 3 * (2 * 64 + 1)
+    assert type(matched).__name__ == "GPT2LMHeadModel"
+    assert abs(bench_common.count_parameters(matched) - damcha) <= one_mlp_unit / 2
+    assert bench_common.count_parameters(rows["MHA"].build()) < damcha - one_mlp_unit

@@ -246,11 +246,14 @@ def measure(rows, batch, args, device, generation_prompt=None) -> list[dict]:
         for row, model, optimizer, result in zip(rows, models, optimizers, results):
             model.train()
             result["profile"] = profile_step(model, optimizer, batch, device)
-            print(f"\n-- profile of one training step: {row.name} --\n{result['profile']}")
+        for row, result in zip(rows[1:], results[1:]):
+            result["profile_vs_mha"] = profile_difference(row.name, result["profile"], results[0]["profile"])
+            print("\n" + result["profile_vs_mha"], flush=True)
     return results
 
 
-def profile_step(model, optimizer, batch, device, top: int = 12) -> str:
+def profile_step(model, optimizer, batch, device) -> dict[str, dict]:
+    """Self time (ms) and call count per operator over one training step (after one unprofiled step)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -259,8 +262,33 @@ def profile_step(model, optimizer, batch, device, top: int = 12) -> str:
         training_step(model, optimizer, batch)
         if device.type == "cuda":
             torch.cuda.synchronize()
-    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    return profiler.key_averages().table(sort_by=sort_by, row_limit=top)
+    ops = {}
+    for event in profiler.key_averages():
+        self_us = event.self_device_time_total if device.type == "cuda" else event.self_cpu_time_total
+        ops[event.key] = {"self_ms": self_us / 1000.0, "calls": event.count}
+    return ops
+
+
+def profile_difference(row: str, ops: dict, reference: dict, top: int = 12) -> str:
+    """The operators whose self time grew most against MHA: where the extra time of a row goes."""
+    keys = set(ops) | set(reference)
+    delta = {k: ops.get(k, {}).get("self_ms", 0.0) - reference.get(k, {}).get("self_ms", 0.0) for k in keys}
+    total = sum(v["self_ms"] for v in ops.values())
+    reference_total = sum(v["self_ms"] for v in reference.values())
+    lines = [
+        (
+            f"{row}: profiled step {total:.0f} ms vs MHA {reference_total:.0f} ms ({total - reference_total:+.0f} ms); "
+            "largest increases by operator:"
+        ),
+        f"  {'operator':40s} {'self ms':>9s} {'MHA ms':>9s} {'delta':>9s} {'calls':>7s} {'MHA calls':>9s}",
+    ]
+    for key in sorted(keys, key=lambda k: -delta[k])[:top]:
+        mine, theirs = ops.get(key, {}), reference.get(key, {})
+        lines.append(
+            f"  {key[:40]:40s} {mine.get('self_ms', 0):9.1f} {theirs.get('self_ms', 0):9.1f} {delta[key]:+9.1f} "
+            f"{mine.get('calls', 0):7d} {theirs.get('calls', 0):9d}"
+        )
+    return "\n".join(lines)
 
 
 def print_table(title: str, results: list[dict]) -> str:

@@ -249,17 +249,31 @@ def measure(rows, batch, args, device, generation_prompt=None) -> list[dict]:
         for row, result in zip(rows[1:], results[1:]):
             result["profile_vs_mha"] = profile_difference(row.name, result["profile"], results[0]["profile"])
             print("\n" + result["profile_vs_mha"], flush=True)
+        if generation_prompt is not None:
+            for model, result in zip(models, results):
+                model.eval()
+                result["generate_profile"] = profile_call(functools.partial(generate, model), device)
+            for row, result in zip(rows[1:], results[1:]):
+                result["generate_profile_vs_mha"] = profile_difference(
+                    f"{row.name} (generation)", result["generate_profile"], results[0]["generate_profile"]
+                )
+                print("\n" + result["generate_profile_vs_mha"], flush=True)
     return results
 
 
 def profile_step(model, optimizer, batch, device) -> dict[str, dict]:
     """Self time (ms) and call count per operator over one training step (after one unprofiled step)."""
+    return profile_call(lambda: training_step(model, optimizer, batch), device)
+
+
+def profile_call(function, device) -> dict[str, dict]:
+    """Self time (ms) and call count per operator over one call of `function` (after one unprofiled call)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    training_step(model, optimizer, batch)
+    function()
     with profile(activities=activities) as profiler:
-        training_step(model, optimizer, batch)
+        function()
         if device.type == "cuda":
             torch.cuda.synchronize()
     ops = {}

@@ -12,17 +12,17 @@ Public API:
 """
 
 from .conversion import convert_to_damcha
+from .hub import build_model_card, push_checkpoint, save_hub_checkpoint
+from .metric_map import write_metric_map
 from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
+from .modeling.configuration_damcha_vit import DamchaViTConfig
 from .modeling.modeling_damcha_gpt2 import (
     DamchaGPT2ForSequenceClassification,
     DamchaGPT2LMHeadModel,
     DamchaGPT2Model,
 )
-from .modeling.configuration_damcha_vit import DamchaViTConfig
 from .modeling.modeling_damcha_vit import DamchaViTForImageClassification, DamchaViTModel
 from .registration import register_auto_classes
-from .hub import build_model_card, push_checkpoint, save_hub_checkpoint
-from .metric_map import write_metric_map
 
 register_auto_classes()
 

@@ -15,13 +15,13 @@ from transformers import (
 )
 
 from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
+from .modeling.configuration_damcha_vit import DamchaViTConfig
 from .modeling.damcha_attention import eager_attn_implementation_for
 from .modeling.modeling_damcha_gpt2 import (
     DamchaGPT2ForSequenceClassification,
     DamchaGPT2LMHeadModel,
     DamchaGPT2Model,
 )
-from .modeling.configuration_damcha_vit import DamchaViTConfig
 from .modeling.modeling_damcha_vit import DamchaViTForImageClassification, DamchaViTModel
 
 # source class -> (DAMCHA config class, DAMCHA model class). Exact classes: a subclass may add weights we would drop.
@@ -37,7 +37,10 @@ CONVERSIONS: dict[type, tuple[type, type]] = {
 def _architecture_options(model: PreTrainedModel) -> dict:
     """Constructor arguments that decide which weights the model has, so the DAMCHA copy has the same ones."""
     if isinstance(model, ViTModel):
-        return {"add_pooling_layer": model.pooler is not None, "use_mask_token": model.embeddings.mask_token is not None}
+        return {
+            "add_pooling_layer": model.pooler is not None,
+            "use_mask_token": model.embeddings.mask_token is not None,
+        }
     return {}
 
 

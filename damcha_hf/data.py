@@ -278,7 +278,9 @@ def load_text_corpus(
             dataset = dataset.select(range(max(1, int(np.searchsorted(lengths, max_bytes)))))
     dataset = dataset.filter(lambda row: len(row["text"]) > 0)
     if len(dataset) == 0 or not any(text.strip() for text in dataset["text"][:1000]):
-        raise ValueError(f"The corpus {str(data)!r} is empty (no text found); point `--data` at a file with text in it.")
+        raise ValueError(
+            f"The corpus {str(data)!r} is empty (no text found); point `--data` at a file with text in it."
+        )
     return _split_train_validation(dataset, validation_fraction, seed, shuffle=documents)
 
 
@@ -390,9 +392,7 @@ def load_fashion_mnist(
         raise ValueError(f"Fashion-MNIST {split}: {len(images)} images but {len(labels)} labels.")
     if max_samples is not None:
         images, labels = images[:max_samples], labels[:max_samples]
-    features = datasets.Features(
-        {"image": datasets.Image(), "label": datasets.ClassLabel(names=FASHION_MNIST_LABELS)}
-    )
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=FASHION_MNIST_LABELS)})
     return datasets.Dataset.from_dict(
         {"image": [Image.fromarray(array, mode="L") for array in images], "label": labels.tolist()},
         features=features,

@@ -9,12 +9,12 @@ from transformers import (
 )
 
 from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
+from .modeling.configuration_damcha_vit import DamchaViTConfig
 from .modeling.modeling_damcha_gpt2 import (
     DamchaGPT2ForSequenceClassification,
     DamchaGPT2LMHeadModel,
     DamchaGPT2Model,
 )
-from .modeling.configuration_damcha_vit import DamchaViTConfig
 from .modeling.modeling_damcha_vit import DamchaViTForImageClassification, DamchaViTModel
 
 # (config class, [(auto class, model class), ...]) for every DAMCHA architecture.

@@ -39,7 +39,6 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .dcmha import DynamicHeadComposition, init_dcmha
 from .talking_heads import TalkingHeadsMixing, init_talking_heads
 
-
 METRIC_CONTEXTS = ("token", "sequence", "query")
 METRIC_MASKS = ("full", "diagonal", "offdiagonal")
 METRIC_SHARINGS = ("stack", "layer")

@@ -45,7 +45,6 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-
 # The four dynamic branches, in the order their weights are laid out in the parameters.
 BRANCHES = ("pre_query", "pre_key", "post_query", "post_key")
 PRE_SOFTMAX, POST_SOFTMAX = 0, 1

@@ -68,7 +68,9 @@ class DamchaGPT2Attention(GPT2Attention):
             value,
             attention_mask,
             metric=cross_head_metric,
-            default_attention=upcast_and_reordered_attention if self.reorder_and_upcast_attn else eager_attention_forward,
+            default_attention=upcast_and_reordered_attention
+            if self.reorder_and_upcast_attn
+            else eager_attention_forward,
             dropout=self.attn_dropout.p if self.training else 0.0,
             cache=cache,
             **kwargs,

@@ -12,9 +12,9 @@ import shutil
 import tempfile
 
 import torch
-from damcha_hf.modeling.damcha_attention import METRIC_CONTEXTS, METRIC_MASKS, METRIC_SHARINGS
 
 import damcha_hf
+from damcha_hf.modeling.damcha_attention import METRIC_CONTEXTS, METRIC_MASKS, METRIC_SHARINGS
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 
@@ -51,7 +51,9 @@ def add_training_arguments(
     parser: argparse.ArgumentParser, *, output_dir: str, batch_size: int, learning_rate: float, max_steps: int
 ) -> None:
     group = parser.add_argument_group("training")
-    group.add_argument("--output-dir", default=output_dir, help=f"checkpoints and the final model (default: {output_dir})")
+    group.add_argument(
+        "--output-dir", default=output_dir, help=f"checkpoints and the final model (default: {output_dir})"
+    )
     group.add_argument("--max-steps", type=int, default=max_steps, help=f"optimizer steps (default: {max_steps})")
     group.add_argument("--max-train-samples", type=int, help="use only this many training examples (blocks/images)")
     group.add_argument("--max-eval-samples", type=int, default=256, help="evaluate on at most this many (default: 256)")
@@ -119,7 +121,11 @@ def resolve_resume(resume: str | None, output_dir: str, marker: str = "trainer_s
         if os.path.isdir(output_dir):
             for name in os.listdir(output_dir):
                 prefix, _, number = name.partition("-")
-                if prefix == "checkpoint" and number.isdigit() and os.path.isfile(os.path.join(output_dir, name, marker)):
+                if (
+                    prefix == "checkpoint"
+                    and number.isdigit()
+                    and os.path.isfile(os.path.join(output_dir, name, marker))
+                ):
                     candidates.append((int(number), os.path.join(output_dir, name)))
         if not candidates:
             raise FileNotFoundError(
@@ -128,7 +134,9 @@ def resolve_resume(resume: str | None, output_dir: str, marker: str = "trainer_s
             )
         return max(candidates)[1]
     if not os.path.isfile(os.path.join(resume, marker)):
-        raise FileNotFoundError(f"--resume {resume!r} is not a checkpoint of this recipe (no {marker}); pass a checkpoint-N folder.")
+        raise FileNotFoundError(
+            f"--resume {resume!r} is not a checkpoint of this recipe (no {marker}); pass a checkpoint-N folder."
+        )
     return resume
 
 
@@ -229,7 +237,11 @@ def save_final_model(model, folder: str, *, tokenizer_or_processor=None, log_his
         save_hub_checkpoint = None
     if save_hub_checkpoint is not None:
         save_hub_checkpoint(
-            model, folder, tokenizer_or_processor=tokenizer_or_processor, log_history=log_history, overwrite=True,
+            model,
+            folder,
+            tokenizer_or_processor=tokenizer_or_processor,
+            log_history=log_history,
+            overwrite=True,
             **card_fields,
         )
         return folder

@@ -89,7 +89,9 @@ def build_model(args, config, family, num_labels=None, labels=None):
                       "label2id": {name: i for i, name in enumerate(labels)}, "ignore_mismatched_sizes": True}  # fmt: skip
     options = common.metric_options(args)
     if config.model_type == "gpt2":
-        model = damcha_hf.convert_to_damcha(GPT2LMHeadModel.from_pretrained(args.base, attn_implementation=args.attn), **options)
+        model = damcha_hf.convert_to_damcha(
+            GPT2LMHeadModel.from_pretrained(args.base, attn_implementation=args.attn), **options
+        )
     elif config.model_type == "vit":
         base = ViTForImageClassification.from_pretrained(args.base, attn_implementation=args.attn, **label_maps)
         model = damcha_hf.convert_to_damcha(base, **options)

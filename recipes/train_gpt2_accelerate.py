@@ -167,7 +167,11 @@ def main(argv=None) -> dict:
                 continue
             step += 1
             if step % args.logging_steps == 0 or step == args.max_steps:
-                entry = {"step": step, "loss": running_loss / running_count, "learning_rate": scheduler.get_last_lr()[0]}
+                entry = {
+                    "step": step,
+                    "loss": running_loss / running_count,
+                    "learning_rate": scheduler.get_last_lr()[0],
+                }
                 log_history.append(entry)
                 accelerator.print(entry)
                 running_loss, running_count = 0.0, 0

@@ -15,12 +15,11 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForImageClassification,
     GPT2LMHeadModel,
-    ViTConfig,
     ViTForImageClassification,
 )
 
 import damcha_hf
-from damcha_hf import DamchaGPT2Config, DamchaGPT2LMHeadModel, DamchaViTConfig, DamchaViTForImageClassification
+from damcha_hf import DamchaGPT2Config, DamchaGPT2LMHeadModel, DamchaViTForImageClassification
 
 VARIANTS = ["damcha", "talking_heads", "dcmha", "none"]
 SCORE_MIXING = ["talking_heads", "dcmha"]
@@ -137,7 +136,9 @@ def test_attention_layer_matches_head_pair_oracle(variant):
     with torch.no_grad():
         out, _ = attention(x, attention_mask=causal_mask(6))
         expected = oracle_attention(attention, x, variant)
-    assert (expected - oracle_attention(variant_lm(variant, randomize=False).transformer.h[1].attn, x, variant)).abs().max() > 1e-2
+    assert (
+        expected - oracle_attention(variant_lm(variant, randomize=False).transformer.h[1].attn, x, variant)
+    ).abs().max() > 1e-2
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -335,6 +336,7 @@ def test_dcmha_checkpoint_loads_as_remote_code_without_the_plugin(tmp_path):
 
 
 # --- ViT: the same variants on DamchaViT ------------------------------------------------------------------------
+
 
 def images(batch=2, seed=0):
     return torch.randn(batch, 1, 16, 16, generator=torch.Generator().manual_seed(seed))

@@ -63,7 +63,9 @@ def oracle_attention(attention, cross_head_metric, x, context, mask):
             for t in range(seq):
                 for s in range(t + 1):  # causal
                     weights_at = t if context == "query" else s
-                    scores[t, s] = sum(cross_head[b, weights_at, i, j] * (q[b, t, i] @ k[b, s, j]) for j in range(heads))
+                    scores[t, s] = sum(
+                        cross_head[b, weights_at, i, j] * (q[b, t, i] @ k[b, s, j]) for j in range(heads)
+                    )
             out[b, :, i] = torch.softmax(scores / math.sqrt(head_dim), dim=-1) @ v[b, :, i]
     return out.reshape(batch, seq, hidden) @ attention.c_proj.weight + attention.c_proj.bias
 
@@ -257,8 +259,12 @@ def test_left_padded_batch_generates_like_unpadded_rows(context):
     model = damcha_lm(context, "sdpa")
     short, long = tokens(batch=1, seq=4, seed=1), tokens(batch=1, seq=7, seed=2)
     batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1), long])
-    mask = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(short)], 1), torch.ones_like(long)])
-    settings = dict(max_new_tokens=20, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    mask = torch.cat(
+        [torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(short)], 1), torch.ones_like(long)]
+    )
+    settings = dict(
+        max_new_tokens=20, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True
+    )
     padded = model.generate(batch, attention_mask=mask, **settings)
     for row, single in enumerate((short, long)):
         alone = model.generate(single, attention_mask=torch.ones_like(single), **settings)

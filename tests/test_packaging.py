@@ -16,7 +16,13 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
     out = tmp_path_factory.mktemp("wheel")
     # Build from a copy, so the build leaves no build/ or egg-info folder in the checkout.
     source = tmp_path_factory.mktemp("source") / "damcha-hf"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "*.egg-info", "__pycache__", "docs", "damcha-demo", "runs", "outputs"))
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv*", "build", "*.egg-info", "__pycache__", "docs", "damcha-demo", "runs", "outputs"
+        ),
+    )
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
         check=True,

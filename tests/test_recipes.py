@@ -111,7 +111,11 @@ def test_train_gpt2_bpe_and_metric_options_reach_the_model(tmp_path, corpus):
     assert len(tokenizer("the quick brown fox")["input_ids"]) < len("the quick brown fox")  # BPE merges
     config = model.config
     assert (config.metric_context, config.metric_mask, config.metric_sharing, config.metric_hidden_size) == (
-        "query", "diagonal", "layer", 8)
+        "query",
+        "diagonal",
+        "layer",
+        8,
+    )
     assert config.n_layer == 2 and len(model.transformer.cross_head_metric.generators) == 2  # one per layer
 
 
@@ -126,7 +130,9 @@ def _accelerate(args, *, launcher=None, timeout=300):
 def test_accelerate_recipe_resumes_at_the_saved_step(tmp_path, corpus):
     common_args = ["--data", corpus, *TINY_GPT2_ARGS, "--max-steps", "6", "--save-steps", "3", "--eval-steps", "3"]
     _accelerate([*common_args, "--output-dir", str(tmp_path / "full")])
-    uninterrupted = losses(json.loads((tmp_path / "full" / "checkpoint-6" / "loop_state.json").read_text())["log_history"])
+    uninterrupted = losses(
+        json.loads((tmp_path / "full" / "checkpoint-6" / "loop_state.json").read_text())["log_history"]
+    )
     assert_loss_goes_down(uninterrupted)
     resumed_dir = tmp_path / "resumed"
     resumed_dir.mkdir()
@@ -138,7 +144,8 @@ def test_accelerate_recipe_resumes_at_the_saved_step(tmp_path, corpus):
     for step in (4, 5, 6):
         assert losses(state["log_history"])[step] == pytest.approx(uninterrupted[step], rel=1e-5)
     assert (resumed_dir / "parameter_sha256_rank0.txt").read_text() == (
-        tmp_path / "full" / "parameter_sha256_rank0.txt").read_text()
+        tmp_path / "full" / "parameter_sha256_rank0.txt"
+    ).read_text()
 
 
 def test_accelerate_two_cpu_processes_keep_identical_parameters(tmp_path, corpus):
@@ -234,7 +241,10 @@ def test_lora_trains_only_lora_and_generator_and_merges_exactly(tmp_path, corpus
     assert trainable and all("lora_" in name or "cross_head_metric" in name for name in trainable)
     assert any("cross_head_metric" in name for name in trainable)
     assert {name.split("lora_")[0].rstrip(".").rsplit(".", 1)[-1] for name in trainable if "lora_" in name} == {
-        "c_attn", "c_proj", "c_fc"}
+        "c_attn",
+        "c_proj",
+        "c_fc",
+    }
     assert_loss_goes_down(losses(trainer_state(tmp_path / "checkpoint-8")["log_history"]))
 
     base = GPT2LMHeadModel.from_pretrained(pretrained_gpt2)

@@ -14,7 +14,6 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForImageClassification,
-    ViTConfig,
     ViTForImageClassification,
     ViTImageProcessor,
     ViTModel,
@@ -26,6 +25,7 @@ from damcha_hf.cli import main as cli_main
 
 CONTEXTS = ["sequence", "token", "query"]
 MASKS = ["full", "diagonal", "offdiagonal"]
+
 
 def images(batch=3, size=28, channels=1, seed=0):
     return torch.randn(batch, channels, size, size, generator=torch.Generator().manual_seed(seed))

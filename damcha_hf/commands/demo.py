@@ -181,7 +181,9 @@ def run(args: argparse.Namespace) -> int:
             schedulers[name].step()
             optimizers[name].zero_grad(set_to_none=True)
             losses[name] = loss.item()
-            histories[name].append({"step": step, "loss": losses[name], "learning_rate": schedulers[name].get_last_lr()[0]})
+            histories[name].append(
+                {"step": step, "loss": losses[name], "learning_rate": schedulers[name].get_last_lr()[0]}
+            )
         progress.update(1)
         progress.set_postfix({f"{name} loss": f"{value:.3f}" for name, value in losses.items()})
         if step == WARMUP_TIMING_STEPS:

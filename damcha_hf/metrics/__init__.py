@@ -29,9 +29,6 @@ def load_metric(name: str, config_name: str | None = None, **kwargs):
     return evaluate.load(metric_path(name), config_name, **kwargs)
 
 
-
-
-
 def causal_lm_token_nll(logits, labels, ignore_index: int = -100):
     """Per-position NLL (nats) of next-token prediction: `(batch, seq - 1)`, 0 where the label is ignored.
 
@@ -84,4 +81,13 @@ def accuracy_compute_metrics():
         return accuracy.compute(predictions=np.argmax(logits, axis=-1), references=eval_prediction.label_ids)
 
     return compute_metrics
-__all__ = ["METRIC_NAMES", "accuracy_compute_metrics", "causal_lm_compute_metrics", "causal_lm_token_nll", "load_metric", "metric_path"]
+
+
+__all__ = [
+    "METRIC_NAMES",
+    "accuracy_compute_metrics",
+    "causal_lm_compute_metrics",
+    "causal_lm_token_nll",
+    "load_metric",
+    "metric_path",
+]

@@ -69,7 +69,9 @@ class BitsPerByte(evaluate.Metric):
         if self.config_name == "nll":
             total_nll, num_bytes = float(np.sum(predictions)), int(np.sum(references))
         else:
-            pairs = [_nll_and_bytes(p, r, bytes_per_token, shift, ignore_index) for p, r in zip(predictions, references)]
+            pairs = [
+                _nll_and_bytes(p, r, bytes_per_token, shift, ignore_index) for p, r in zip(predictions, references)
+            ]
             total_nll, num_bytes = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
         if num_bytes <= 0:
             raise ValueError("bits_per_byte: no bytes to score (every label is ignored, or the byte counts are 0).")

@@ -491,18 +491,32 @@ def plot(report: dict, results: dict, out_dir: str, prefix: str) -> list[str]:
 
     paths = []
     tasks = [t for t in ("lm", "vit") if t in results]
-    figure, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
-    for axis, task in zip(axes[0], tasks):
+    figure, axes = plt.subplots(2, len(tasks), figsize=(6 * len(tasks), 7.5), squeeze=False)
+    for column, task in enumerate(tasks):
+        unit = math.log(2) if task == "lm" else 1.0  # bits per byte for the LM, nats for the classifier
+        name = "Byte-level LM (GCIDE)" if task == "lm" else "ViT on Fashion-MNIST"
+        reference = {r["seed"]: r["curve"] for r in results[task].get("MHA", [])}
+        axis, difference_axis = axes[0][column], axes[1][column]
         for row, records in results[task].items():
             steps = [s for s, _ in records[0]["curve"]]
-            losses = [sum(r["curve"][i][1] for r in records) / len(records) for i in range(len(steps))]
-            axis.plot(steps, [loss / math.log(2) for loss in losses] if task == "lm" else losses, label=row)
-        axis.set_xlabel("step")
+            losses = [sum(r["curve"][i][1] for r in records) / len(records) / unit for i in range(len(steps))]
+            axis.plot(steps, losses, label=row)
+            paired = [r for r in records if r["seed"] in reference]
+            if paired:
+                # (row - MHA of the same seed): the paired view, which the seed-to-seed spread does not blur
+                deltas = [sum(r["curve"][i][1] - reference[r["seed"]][i][1] for r in paired) / len(paired) / unit
+                          for i in range(len(steps))]  # fmt: skip
+                difference_axis.plot(steps, deltas, label=row)
         axis.set_ylabel("train bits per byte" if task == "lm" else "train cross-entropy")
-        axis.set_title(("Byte-level LM (GCIDE)" if task == "lm" else "ViT on Fashion-MNIST") + ", mean over seeds")
+        axis.set_title(f"{name}, mean over seeds")
         axis.set_yscale("log")
-        axis.legend()
-        axis.grid(alpha=0.3)
+        difference_axis.axhline(0.0, color="black", linewidth=0.8)
+        difference_axis.set_ylabel("row - MHA, same seed" + (" (bits per byte)" if task == "lm" else ""))
+        difference_axis.set_title("paired difference to MHA (negative = better), mean over seeds", fontsize=9)
+        for ax in (axis, difference_axis):
+            ax.set_xlabel("step")
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
     path = os.path.join(out_dir, f"{prefix}_loss_curves.png")
     save_figure_atomic(figure, path)
     plt.close(figure)

@@ -243,7 +243,7 @@ def measure(rows, batch, args, device, generation_prompt=None) -> list[dict]:
             result["generate_min_ratio"] = min(reference["generate_s"]) / min(result["generate_s"])
 
     if args.profile:
-        for row, model, optimizer, result in zip(rows, models, optimizers, results):
+        for model, optimizer, result in zip(models, optimizers, results):
             model.train()
             result["profile"] = profile_step(model, optimizer, batch, device)
         for row, result in zip(rows[1:], results[1:]):

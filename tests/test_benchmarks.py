@@ -13,9 +13,9 @@ import torch
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 sys.path.insert(0, BENCHMARKS)
 
-import bench_common
-import quality
-import speed
+import bench_common  # noqa: E402
+import quality  # noqa: E402
+import speed  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

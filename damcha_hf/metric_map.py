@@ -199,6 +199,16 @@ def compute_metric_map(model: torch.nn.Module, inputs=None, *, tokenizer=None) -
     return MetricMap(matrices, [offdiagonal_mass(matrix) for matrix in matrices], counts)
 
 
+def colour_limit(matrices: torch.Tensor) -> float:
+    """The half-range of the heatmaps' shared colour scale (centred at 0, so layers compare and signs read at a glance).
+
+    It is set by the off-diagonal entries, the cross-head terms DAMCHA learns: scaled to the diagonal (about 1) they
+    would be invisible. Diagonal entries beyond it saturate. Without off-diagonal terms, the largest entry sets it.
+    """
+    off_diagonal = matrices * (1 - torch.eye(matrices.shape[-1]))
+    return float(off_diagonal.abs().max()) or float(matrices.abs().max()) or 1.0
+
+
 def plot_metric_map(metric_map: MetricMap, path: str | os.PathLike, *, title: str | None = None) -> int:
     """Draw one heatmap panel per layer into the PNG `path` (written atomically); returns the panel count."""
     import matplotlib
@@ -210,8 +220,7 @@ def plot_metric_map(metric_map: MetricMap, path: str | os.PathLike, *, title: st
     columns = min(num_layers, 4)
     rows = -(-num_layers // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(2.6 * columns + 1.0, 2.6 * rows + 0.6), squeeze=False)
-    # One symmetric colour scale for all panels, centred at 0, so that layers compare and signs read at a glance.
-    limit = float(metric_map.matrices.abs().max()) or 1.0
+    limit = colour_limit(metric_map.matrices)
     panels = 0
     for layer, axis in enumerate(axes.flat):
         if layer >= num_layers:
@@ -228,7 +237,8 @@ def plot_metric_map(metric_map: MetricMap, path: str | os.PathLike, *, title: st
             axis.set_ylabel("head i", fontsize=8)
         axis.tick_params(labelsize=7)
         panels += 1
-    figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="C_ij")
+    label = "C_ij (diagonal saturates)" if limit < float(metric_map.matrices.abs().max()) else "C_ij"
+    figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label=label)
     figure.suptitle(title or "DAMCHA cross-head matrix C (mean over tokens)", fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -475,3 +475,13 @@ def test_inspect_a_vit_checkpoint_on_an_image_folder(tmp_path, capsys):
     assert (folder / hub.METRIC_HEATMAP_FILE).read_bytes().startswith(PNG_SIGNATURE)
     assert cli_main(["inspect", str(folder), "--data", str(tmp_path / "vit.png")]) == 2
     assert "must be a folder of images" in capsys.readouterr().err
+
+
+def test_heatmap_colour_scale_is_set_by_the_cross_head_terms():
+    from damcha_hf.metric_map import colour_limit
+
+    learned = torch.eye(4).repeat(2, 1, 1)
+    learned[1, 0, 3] = -0.02
+    learned[0, 2, 1] = 0.015
+    assert colour_limit(learned) == pytest.approx(0.02)
+    assert colour_limit(torch.eye(4).repeat(3, 1, 1) * 1.5) == pytest.approx(1.5)  # no cross-head terms yet

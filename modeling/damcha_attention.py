@@ -385,7 +385,9 @@ def _score_mixing_cross_head_attention(
     if config._attn_implementation not in (None, "eager"):
         eager_attn_implementation_for(config, config._attn_implementation)  # raises the error that names the fix
     mixing = getattr(module, "cross_head_mixing", None)
-    if not isinstance(mixing, SCORE_MIXING_VARIANTS[variant]):
+    # A wrapper (PEFT's modules_to_save) stands in for the module and forwards its methods to the trained copy, so the
+    # check looks through it instead of insisting on the class.
+    if not isinstance(getattr(mixing, "original_module", mixing), SCORE_MIXING_VARIANTS[variant]):
         raise ValueError(
             f"{type(module).__name__} has no `cross_head_mixing` module for `cross_head_variant={variant!r}`; build "
             "it in the layer's __init__ with `build_cross_head_mixing(config)`."

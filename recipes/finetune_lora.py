@@ -82,6 +82,12 @@ def load_base(args):
     return config, family
 
 
+def cross_head_modules(config) -> list[str]:
+    """The modules trained in full beside LoRA: DAMCHA's metric generator, or a baseline's per-layer head mixing."""
+    variant = getattr(config, "cross_head_variant", "damcha")
+    return {"damcha": ["cross_head_metric"], "none": []}.get(variant, ["cross_head_mixing"])
+
+
 def build_model(args, config, family, num_labels=None, labels=None):
     label_maps = {}
     if labels is not None:
@@ -150,7 +156,7 @@ def main(argv=None) -> dict:
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
         target_modules=LORA_TARGETS[family],
-        modules_to_save=([] if args.freeze_generator else ["cross_head_metric"]) + extra_modules,
+        modules_to_save=([] if args.freeze_generator else cross_head_modules(model.config)) + extra_modules,
         fan_in_fan_out=family == "gpt2",  # GPT-2's projections are Conv1D (weight stored transposed)
         bias="none",
     )

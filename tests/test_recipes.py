@@ -262,3 +262,22 @@ def test_lora_trains_only_lora_and_generator_and_merges_exactly(tmp_path, corpus
     ids = torch.tensor([list(b"the quick brown fox jumps over")])
     with torch.no_grad():
         torch.testing.assert_close(merged.eval()(ids).logits, peft_model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_lora_trains_the_baselines_head_mixing_in_full(tmp_path, corpus, pretrained_gpt2):
+    recipe = load_recipe("finetune_lora")
+    result = recipe.main([
+        "--base", pretrained_gpt2, "--data", corpus, "--output-dir", str(tmp_path), "--max-steps", "2",
+        "--batch-size", "8", "--block-size", "32", "--eval-steps", "2", "--max-eval-samples", "8",
+        "--lora-rank", "2", "--cross-head-variant", "talking_heads", "--attn", "eager", "--num-threads", "1",
+        "--learning-rate", "1e-2",
+    ])  # fmt: skip
+    trainable = result["trainable_parameters"]
+    mixing = [name for name in trainable if "cross_head_mixing" in name]
+    assert mixing and all("lora_" in name or "cross_head_mixing" in name for name in trainable)
+    # The trained copies PEFT keeps are the ones that ran: they moved off their identity start.
+    from safetensors.torch import load_file
+
+    saved = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    projections = [tensor for name, tensor in saved.items() if "cross_head_mixing" in name]
+    assert projections and any(not torch.equal(tensor, torch.eye(tensor.shape[0])) for tensor in projections)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -263,3 +264,12 @@ def format_table(headers: list[str], rows: list[list]) -> str:
     out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in cells]
     return "\n".join(out)
+
+
+def set_up_device(device_name: str, threads: int) -> tuple[torch.device, str]:
+    """The torch device, with `threads` CPU threads, and a one-line description of the machine for the reports."""
+    device = torch.device(device_name)
+    torch.set_num_threads(threads)
+    if device.type == "cuda":
+        return device, torch.cuda.get_device_name(device)
+    return device, f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"

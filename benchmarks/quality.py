@@ -29,7 +29,6 @@ import gzip
 import json
 import math
 import os
-import platform
 import struct
 import sys
 import time
@@ -46,6 +45,7 @@ from bench_common import (
     gpt2_rows,
     has_vit,
     save_figure_atomic,
+    set_up_device,
     vit_config_kwargs,
     vit_rows,
     write_json_atomic,
@@ -612,12 +612,7 @@ def main(argv=None):
         return replot(args.replot, args.out_dir)
     if args.merge:
         return merge(args.merge, args.out_dir, args.prefix)
-    device = torch.device(args.device)
-    torch.set_num_threads(args.threads)
-    machine = (
-        torch.cuda.get_device_name(device) if device.type == "cuda"
-        else f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"
-    )  # fmt: skip
+    device, machine = set_up_device(args.device, args.threads)
     print(f"quality.py ({args.preset} preset) on {machine}; args: {vars(args)}", flush=True)
     started = time.time()
     results, summary = {}, {}

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import platform
 import sys
 import time
 
@@ -43,6 +42,7 @@ from bench_common import (
     gpt2_rows,
     has_vit,
     median,
+    set_up_device,
     vit_config_kwargs,
     vit_rows,
     write_json_atomic,
@@ -326,12 +326,7 @@ def print_table(title: str, results: list[dict]) -> str:
 
 def main(argv=None):
     args = parse_args(argv)
-    device = torch.device(args.device)
-    torch.set_num_threads(args.threads)
-    machine = (
-        torch.cuda.get_device_name(device) if device.type == "cuda"
-        else f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"
-    )  # fmt: skip
+    device, machine = set_up_device(args.device, args.threads)
     print(f"speed.py on {machine}; torch {torch.__version__}; args: {vars(args)}", flush=True)
     report = {"machine": machine, "torch": torch.__version__, "args": vars(args), "shapes": []}
     variants = not args.no_variants

@@ -30,6 +30,8 @@ Returns:
 """
 
 
+# `evaluate.load(path)` copies this one file into its cache, so the summed-NLL code is repeated from the perplexity
+# module rather than imported from it: each metric module stays loadable on its own.
 def _nll_and_bytes(logits, labels, bytes_per_token, shift, ignore_index):
     logits = np.asarray(logits, dtype=np.float64)
     labels = np.asarray(labels, dtype=np.int64)

@@ -3,7 +3,7 @@
 from huggingface_hub.dataclasses import strict
 from transformers import GPT2Config
 
-from .damcha_attention import METRIC_OPTIONS_DOCSTRING, check_metric_options, check_source_model_type
+from .damcha_options import METRIC_OPTIONS_DOCSTRING, check_metric_options, check_source_model_type
 
 
 @strict

@@ -36,85 +36,12 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .damcha_options import METRIC_CONTEXTS, METRIC_MASKS
 from .dcmha import DynamicHeadComposition, init_dcmha
 from .talking_heads import TalkingHeadsMixing, init_talking_heads
 
-METRIC_CONTEXTS = ("token", "sequence", "query")
-METRIC_MASKS = ("full", "diagonal", "offdiagonal")
-METRIC_SHARINGS = ("stack", "layer")
-CROSS_HEAD_VARIANTS = ("damcha", "talking_heads", "dcmha", "none")
 # Variants that mix the n x n score maps across heads, so that only eager attention can run them.
 SCORE_MIXING_VARIANTS = {"talking_heads": TalkingHeadsMixing, "dcmha": DynamicHeadComposition}
-
-# Docstring fragment shared by the DAMCHA configs, so that both document the fields the same way.
-METRIC_OPTIONS_DOCSTRING = r"""
-    cross_head_variant (`str`, *optional*, defaults to `"damcha"`):
-        The attention of every self-attention layer, so that comparisons differ only in attention: `"damcha"`
-        (data-adaptive cross-head metric, the fields below), `"talking_heads"` (Shazeer et al. 2020: learned `H x H`
-        mixing of the logits before the softmax and of the weights after it), `"dcmha"` (Xiao et al. 2024: dynamic
-        per-query and per-key low-rank plus diagonal composition of both maps) or `"none"` (plain multi-head
-        attention). Every variant starts as exact multi-head attention, so any pretrained checkpoint converts to it.
-        `"talking_heads"` and `"dcmha"` mix the `n x n` score maps, so they run only with
-        `attn_implementation="eager"` (the default for them; any other backend is refused). The `metric_*` fields
-        apply to `"damcha"` only.
-    dcmha_rank (`int`, *optional*, defaults to 2):
-        Rank `R` of DCMHA's query-wise and key-wise dynamic projections (the paper uses 2). Used by `"dcmha"` only.
-    metric_hidden_size (`int`, *optional*, defaults to 64):
-        Hidden width `r` of the metric generator MLP (`d -> r -> H*H`, GELU). Its output layer starts at zero, so
-        a fresh or converted model computes exactly multi-head attention.
-    metric_context (`str`, *optional*):
-        What the cross-head matrix `C` depends on: `"token"` (the key token's hidden state; causal-safe),
-        `"sequence"` (the mean hidden state of the sequence; bidirectional models only) or `"query"` (the query
-        token's hidden state; exact, `H` times the cost of `QK^T`).
-    metric_mask (`str`, *optional*, defaults to `"full"`):
-        The paper's ablation, applicable at inference to a trained model: `"full"`, `"diagonal"` (no cross-head
-        terms, `C_ij = 0` for `i != j`) or `"offdiagonal"` (`C_ii = 0`: head `i` scores only against the other
-        heads' keys).
-    metric_sharing (`str`, *optional*, defaults to `"stack"`):
-        `"stack"`: one generator shared by every layer (each layer feeds it its own input, so each layer still
-        gets its own metric). `"layer"`: one generator per layer, for ablation.
-"""
-
-
-def check_metric_options(config, *, causal: bool) -> None:
-    """Raise a `ValueError` naming the offending config field and the fix. Shared by every DAMCHA config."""
-    name = type(config).__name__
-    hidden_size, num_heads = config.hidden_size, config.num_attention_heads
-    if num_heads <= 0 or hidden_size % num_heads != 0:
-        raise ValueError(
-            f"{name}: `num_attention_heads` ({num_heads}) must divide `hidden_size` ({hidden_size}); "
-            f"pick a head count that divides it, such as {_nearest_divisors(hidden_size, num_heads)}."
-        )
-    if not isinstance(config.metric_hidden_size, int) or config.metric_hidden_size <= 0:
-        raise ValueError(
-            f"{name}: `metric_hidden_size` must be a positive integer (the metric generator's hidden width), "
-            f"got {config.metric_hidden_size!r}; 64 is a good default."
-        )
-    for field, allowed in (
-        ("cross_head_variant", CROSS_HEAD_VARIANTS),
-        ("metric_context", METRIC_CONTEXTS),
-        ("metric_mask", METRIC_MASKS),
-        ("metric_sharing", METRIC_SHARINGS),
-    ):
-        value = getattr(config, field, allowed[0])  # allowed[0] is the default of a field a config may lack
-        if value not in allowed:
-            raise ValueError(f"{name}: unknown `{field}` {value!r}; choose one of {', '.join(map(repr, allowed))}.")
-    dcmha_rank = getattr(config, "dcmha_rank", 2)
-    if isinstance(dcmha_rank, bool) or not isinstance(dcmha_rank, int) or dcmha_rank <= 0:
-        raise ValueError(
-            f"{name}: `dcmha_rank` must be a positive integer (the rank of DCMHA's dynamic head projections), "
-            f"got {dcmha_rank!r}; 2 is the paper's choice."
-        )
-    if causal and config.metric_context == "sequence":
-        raise ValueError(
-            f"{name}: `metric_context='sequence'` averages over the whole sequence, which would let a causal "
-            "model see future tokens; use `metric_context='token'` (or `'query'`) for causal models."
-        )
-
-
-def _nearest_divisors(hidden_size: int, num_heads: int) -> str:
-    divisors = sorted((h for h in range(1, hidden_size + 1) if hidden_size % h == 0), key=lambda h: abs(h - num_heads))
-    return " or ".join(map(str, sorted(divisors[:2])))
 
 
 class MetricOutputLayer(nn.Linear):
@@ -412,13 +339,3 @@ def _score_mixing_cross_head_attention(
         scaling=module.scaling,
         dropout=dropout,
     )
-
-
-def check_source_model_type(config_class: type, model_type: str | None, base_model_type: str) -> None:
-    """Refuse at load time a checkpoint of another architecture, before any weight is touched."""
-    if model_type not in (None, config_class.model_type, base_model_type):
-        raise ValueError(
-            f"{config_class.__name__} cannot load a checkpoint whose config has `model_type={model_type!r}`: only "
-            f"'{base_model_type}' and '{config_class.model_type}' checkpoints convert to it. Load that checkpoint "
-            "with its own Auto class, or pass a checkpoint of the matching architecture."
-        )

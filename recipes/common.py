@@ -14,7 +14,7 @@ import tempfile
 import torch
 
 import damcha_hf
-from damcha_hf.modeling.damcha_attention import METRIC_CONTEXTS, METRIC_MASKS, METRIC_SHARINGS
+from damcha_hf.modeling.damcha_options import METRIC_CONTEXTS, METRIC_MASKS, METRIC_SHARINGS
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 

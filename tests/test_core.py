@@ -110,3 +110,24 @@ def test_scaled_softmax_attention_over_mixed_keys_is_ordinary_attention():
         out = F.scaled_dot_product_attention(mixed_query, mixed_key, value, scale=1 / math.sqrt(HEAD_DIM))
         weights = torch.softmax(oracle_scores(query, key, x, metric, 0, context, "full") / math.sqrt(HEAD_DIM), -1)
         torch.testing.assert_close(out, weights @ value, rtol=1e-4, atol=1e-4)
+
+
+def test_options_module_is_torch_free_and_matches_the_core():
+    """Configs and `--help` import the options without torch; the core's variant table agrees with the names."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from damcha_hf.modeling import damcha_attention, damcha_options
+
+    path = Path(damcha_options.__file__)
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('damcha_options', {str(path)!r})\n"
+        "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+    assert tuple(damcha_attention.SCORE_MIXING_VARIANTS) == damcha_options.SCORE_MIXING_VARIANT_NAMES
+    assert set(damcha_options.SCORE_MIXING_VARIANT_NAMES) < set(damcha_options.CROSS_HEAD_VARIANTS)

@@ -6,8 +6,9 @@ them for remote code so that `save_pretrained` writes an `auto_map` and copies t
 
 Public API:
     DamchaGPT2Config, DamchaGPT2Model, DamchaGPT2LMHeadModel, DamchaGPT2ForSequenceClassification
+    DamchaLlamaConfig, DamchaLlamaModel, DamchaLlamaForCausalLM, DamchaLlamaForSequenceClassification   (GQA too)
     DamchaViTConfig, DamchaViTModel, DamchaViTForImageClassification   (DamchaViTConfig.vit_small_patch16_224())
-    convert_to_damcha(model, **metric_options)   an in-memory GPT-2 (or ViT) model -> its DAMCHA counterpart
+    convert_to_damcha(model, **metric_options)   an in-memory GPT-2, Llama or ViT model -> its DAMCHA counterpart
     save_hub_checkpoint, build_model_card, push_checkpoint   Hub export (damcha_hf.hub); write_metric_map (the C heatmap)
 """
 
@@ -15,11 +16,17 @@ from .conversion import convert_to_damcha
 from .hub import build_model_card, push_checkpoint, save_hub_checkpoint
 from .metric_map import write_metric_map
 from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
+from .modeling.configuration_damcha_llama import DamchaLlamaConfig
 from .modeling.configuration_damcha_vit import DamchaViTConfig
 from .modeling.modeling_damcha_gpt2 import (
     DamchaGPT2ForSequenceClassification,
     DamchaGPT2LMHeadModel,
     DamchaGPT2Model,
+)
+from .modeling.modeling_damcha_llama import (
+    DamchaLlamaForCausalLM,
+    DamchaLlamaForSequenceClassification,
+    DamchaLlamaModel,
 )
 from .modeling.modeling_damcha_vit import DamchaViTForImageClassification, DamchaViTModel
 from .registration import register_auto_classes
@@ -33,6 +40,10 @@ __all__ = [
     "DamchaGPT2Model",
     "DamchaGPT2LMHeadModel",
     "DamchaGPT2ForSequenceClassification",
+    "DamchaLlamaConfig",
+    "DamchaLlamaModel",
+    "DamchaLlamaForCausalLM",
+    "DamchaLlamaForSequenceClassification",
     "DamchaViTConfig",
     "DamchaViTModel",
     "DamchaViTForImageClassification",

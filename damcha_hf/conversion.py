@@ -9,18 +9,27 @@ from transformers import (
     GPT2ForSequenceClassification,
     GPT2LMHeadModel,
     GPT2Model,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    LlamaModel,
     PreTrainedModel,
     ViTForImageClassification,
     ViTModel,
 )
 
 from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
+from .modeling.configuration_damcha_llama import DamchaLlamaConfig
 from .modeling.configuration_damcha_vit import DamchaViTConfig
 from .modeling.damcha_attention import eager_attn_implementation_for
 from .modeling.modeling_damcha_gpt2 import (
     DamchaGPT2ForSequenceClassification,
     DamchaGPT2LMHeadModel,
     DamchaGPT2Model,
+)
+from .modeling.modeling_damcha_llama import (
+    DamchaLlamaForCausalLM,
+    DamchaLlamaForSequenceClassification,
+    DamchaLlamaModel,
 )
 from .modeling.modeling_damcha_vit import DamchaViTForImageClassification, DamchaViTModel
 
@@ -29,6 +38,9 @@ CONVERSIONS: dict[type, tuple[type, type]] = {
     GPT2Model: (DamchaGPT2Config, DamchaGPT2Model),
     GPT2LMHeadModel: (DamchaGPT2Config, DamchaGPT2LMHeadModel),
     GPT2ForSequenceClassification: (DamchaGPT2Config, DamchaGPT2ForSequenceClassification),
+    LlamaModel: (DamchaLlamaConfig, DamchaLlamaModel),
+    LlamaForCausalLM: (DamchaLlamaConfig, DamchaLlamaForCausalLM),
+    LlamaForSequenceClassification: (DamchaLlamaConfig, DamchaLlamaForSequenceClassification),
     ViTModel: (DamchaViTConfig, DamchaViTModel),
     ViTForImageClassification: (DamchaViTConfig, DamchaViTForImageClassification),
 }
@@ -48,8 +60,9 @@ def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedMod
     """Return the DAMCHA counterpart of `model` with every weight copied and the metric generator at zero.
 
     Args:
-        model: a `GPT2Model`, `GPT2LMHeadModel`, `GPT2ForSequenceClassification`, `ViTModel` or
-            `ViTForImageClassification` (the keys of `CONVERSIONS`).
+        model: a `GPT2Model`, `GPT2LMHeadModel`, `GPT2ForSequenceClassification`, `LlamaModel`,
+            `LlamaForCausalLM`, `LlamaForSequenceClassification`, `ViTModel` or `ViTForImageClassification` (the keys
+            of `CONVERSIONS`).
         **metric_options: DAMCHA config fields, e.g. `metric_context="query"`, `metric_hidden_size=32`, or
             `cross_head_variant="talking_heads"` / `"dcmha"` / `"none"` for the baselines (all start as MHA too).
 

@@ -9,11 +9,17 @@ from transformers import (
 )
 
 from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
+from .modeling.configuration_damcha_llama import DamchaLlamaConfig
 from .modeling.configuration_damcha_vit import DamchaViTConfig
 from .modeling.modeling_damcha_gpt2 import (
     DamchaGPT2ForSequenceClassification,
     DamchaGPT2LMHeadModel,
     DamchaGPT2Model,
+)
+from .modeling.modeling_damcha_llama import (
+    DamchaLlamaForCausalLM,
+    DamchaLlamaForSequenceClassification,
+    DamchaLlamaModel,
 )
 from .modeling.modeling_damcha_vit import DamchaViTForImageClassification, DamchaViTModel
 
@@ -25,6 +31,14 @@ AUTO_CLASS_TABLE = [
             (AutoModel, DamchaGPT2Model),
             (AutoModelForCausalLM, DamchaGPT2LMHeadModel),
             (AutoModelForSequenceClassification, DamchaGPT2ForSequenceClassification),
+        ],
+    ),
+    (
+        DamchaLlamaConfig,
+        [
+            (AutoModel, DamchaLlamaModel),
+            (AutoModelForCausalLM, DamchaLlamaForCausalLM),
+            (AutoModelForSequenceClassification, DamchaLlamaForSequenceClassification),
         ],
     ),
     (

@@ -17,6 +17,19 @@ Where ``C`` may depend on the tokens is ``metric_context``:
   expanded-query form: query ``[C_i1 q_i, ..., C_iH q_i]`` (width ``H * d_h``) against the full-width key shared
   by every head. It costs ``H`` times the ``QK^T`` of multi-head attention.
 
+Grouped-query attention (Llama-style decoders: ``H`` query heads share ``H_kv`` key/value heads, ``H_kv`` dividing
+``H``). What users choose GQA for is a KV cache ``H / H_kv`` times smaller and the fused kernels that read it, so DAMCHA
+mixes among the *key/value* heads: ``C`` is ``H_kv x H_kv`` and ``K~_j = sum_l C_jl K_l`` has the GQA shape, which the
+cache stores and every backend's grouped-query path reads as usual; query head ``i`` scores against ``K~`` of its
+group, ``i // (H / H_kv)``. For ``"query"``, ``C`` is ``H x H_kv`` (row ``i`` weights the ``H_kv`` key heads for query
+head ``i``; the expanded query is ``H_kv * d_h`` wide). The starting point (``G = 0``) is plain GQA: ``C`` is the head
+-> group assignment matrix (``head_group_identity``), against which ``metric_mask`` takes its diagonal. Mixing over
+all ``H`` query heads instead (keys expanded first) would make the cache ``H / H_kv`` times larger and is not offered.
+With a single key/value head (multi-query attention) there is nothing to mix across: such configs are refused.
+Rotary position embeddings rotate every head of a position by the same angle, a linear map ``R_s`` applied to each
+head's ``d_h`` slice, so ``sum_l C_jl (R_s K_l) = R_s sum_l C_jl K_l``: mixing commutes with RoPE. The models mix the
+rotated keys, which is what the cache holds.
+
 Every context hands ordinary ``(query, key, value)`` tensors to the attention functions of transformers, so eager,
 SDPA and the other backends apply unchanged.
 
@@ -50,20 +63,27 @@ class MetricOutputLayer(nn.Linear):
 
 
 class MetricGenerator(nn.Module):
-    """`G`: one small MLP `d -> r -> H*H` (GELU), whose output layer starts at zero."""
+    """`G`: one small MLP `d -> r -> H*H_kv` (GELU), whose output layer starts at zero.
 
-    def __init__(self, hidden_size: int, num_heads: int, metric_hidden_size: int):
+    `num_heads` is the number of rows of `C` (the heads that receive a mix), `num_key_value_heads` its columns (the
+    key heads mixed); both are `H` in multi-head attention.
+    """
+
+    def __init__(
+        self, hidden_size: int, num_heads: int, metric_hidden_size: int, num_key_value_heads: int | None = None
+    ):
         super().__init__()
         self.num_heads = num_heads
+        self.num_key_value_heads = num_key_value_heads or num_heads
         self.fc_in = nn.Linear(hidden_size, metric_hidden_size)
         self.act = nn.GELU()
-        self.fc_out = MetricOutputLayer(metric_hidden_size, num_heads * num_heads)
+        self.fc_out = MetricOutputLayer(metric_hidden_size, num_heads * self.num_key_value_heads)
         nn.init.zeros_(self.fc_out.weight)
         nn.init.zeros_(self.fc_out.bias)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         offsets = self.fc_out(self.act(self.fc_in(z)))
-        return offsets.unflatten(-1, (self.num_heads, self.num_heads))
+        return offsets.unflatten(-1, (self.num_heads, self.num_key_value_heads))
 
 
 class CrossHeadMetric(nn.Module):
@@ -73,23 +93,36 @@ class CrossHeadMetric(nn.Module):
     that PEFT's `modules_to_save=["cross_head_metric"]` trains every generator of a model in full.
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, metric_hidden_size: int, num_generators: int = 1):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        metric_hidden_size: int,
+        num_generators: int = 1,
+        num_key_value_heads: int | None = None,
+    ):
         super().__init__()
         self.num_heads = num_heads
+        self.num_key_value_heads = num_key_value_heads or num_heads
         self.generators = nn.ModuleList(
-            MetricGenerator(hidden_size, num_heads, metric_hidden_size) for _ in range(num_generators)
+            MetricGenerator(hidden_size, num_heads, metric_hidden_size, self.num_key_value_heads)
+            for _ in range(num_generators)
         )
 
     @classmethod
     def from_config(cls, config) -> "CrossHeadMetric":
+        """`C` is `H x H` for multi-head attention; with grouped-query attention it is `H_kv x H_kv`, or `H x H_kv`
+        for `metric_context="query"` (see "Grouped-query attention" in this file's docstring)."""
         num_generators = config.num_hidden_layers if config.metric_sharing == "layer" else 1
-        return cls(config.hidden_size, config.num_attention_heads, config.metric_hidden_size, num_generators)
+        num_key_value_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        rows = config.num_attention_heads if config.metric_context == "query" else num_key_value_heads
+        return cls(config.hidden_size, rows, config.metric_hidden_size, num_generators, num_key_value_heads)
 
     def forward(self, z: torch.Tensor, layer_idx: int = 0, metric_mask: str = "full") -> torch.Tensor:
-        """`z`: (..., d) -> `C`: (..., H, H)."""
+        """`z`: (..., d) -> `C`: (..., H, H_kv)."""
         generator = self.generators[layer_idx if len(self.generators) > 1 else 0]
         offsets = generator(z)
-        identity = torch.eye(self.num_heads, device=offsets.device, dtype=offsets.dtype)
+        identity = head_group_identity(self.num_heads, self.num_key_value_heads).to(offsets.device, offsets.dtype)
         if metric_mask == "full":
             return identity + offsets
         if metric_mask == "diagonal":
@@ -97,6 +130,15 @@ class CrossHeadMetric(nn.Module):
         if metric_mask == "offdiagonal":
             return offsets * (1 - identity)
         raise ValueError(f"unknown `metric_mask` {metric_mask!r}; choose one of {', '.join(map(repr, METRIC_MASKS))}.")
+
+
+def head_group_identity(num_heads: int, num_key_value_heads: int) -> torch.Tensor:
+    """The `C` of plain (grouped-query) attention, `(H, H_kv)`: query head `i` reads key head `i // (H / H_kv)`.
+
+    The identity matrix when `H == H_kv`; the `"diagonal"` and `"offdiagonal"` masks are taken against it.
+    """
+    group_size = num_heads // num_key_value_heads
+    return (torch.arange(num_heads)[:, None] // group_size == torch.arange(num_key_value_heads)).float()
 
 
 def init_metric_generator(module: nn.Module) -> None:
@@ -141,14 +183,15 @@ def cross_head_query_key(
     """Turn multi-head `(query, key)` into DAMCHA's, for any attention function.
 
     Args:
-        query, key: `(batch, heads, seq, head_dim)` projections of the new tokens.
+        query, key: `(batch, heads, seq, head_dim)` and `(batch, kv_heads, seq, head_dim)` projections of the new
+            tokens (after any rotary embedding); `kv_heads` divides `heads` (grouped-query attention) or equals it.
         hidden_states: `(batch, seq, hidden)`, the normalised attention input `X` of the same tokens.
         metric: the model's `CrossHeadMetric`.
 
     Returns:
         `(query, key)`. For `"token"` and `"sequence"` the query is unchanged and the key is the mixed `K~`
-        (same shape). For `"query"` the query is `(batch, heads, seq, heads * head_dim)` and the key is
-        `(batch, 1, seq, heads * head_dim)`, shared by every head: cache it as it is, and broadcast it to the
+        (same shape). For `"query"` the query is `(batch, heads, seq, kv_heads * head_dim)` and the key is
+        `(batch, 1, seq, kv_heads * head_dim)`, shared by every head: cache it as it is, and broadcast it to the
         heads with `expand_shared_key` before attention.
     """
     if metric_context == "token":
@@ -160,11 +203,11 @@ def cross_head_query_key(
         mixed = cross_head @ key.flatten(2)  # (b, H, H) @ (b, H, s * d_h)
         return query, mixed.view_as(key)
     if metric_context == "query":
-        batch, heads, seq, head_dim = query.shape
-        cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, t, H_i, H_j)
+        batch = query.shape[0]
+        cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, t, H, H_kv)
         # expanded[b, i, t, j, :] = C_ij(x_t) * q_i[t]
         expanded = cross_head.permute(0, 2, 1, 3).unsqueeze(-1) * query.unsqueeze(-2)
-        full_width_key = key.transpose(1, 2).reshape(batch, 1, key.shape[2], heads * head_dim)
+        full_width_key = key.transpose(1, 2).reshape(batch, 1, key.shape[2], -1)  # H_kv * d_h wide
         return expanded.flatten(-2), full_width_key
     raise ValueError(
         f"unknown `metric_context` {metric_context!r}; choose one of {', '.join(map(repr, METRIC_CONTEXTS))}."
@@ -297,7 +340,8 @@ def cross_head_attention(
         )
     if cache is not None:
         key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
-    key = expand_shared_key(key, query.shape[1])
+    # As many key heads as value heads: the attention functions repeat both to the query heads for grouped queries.
+    key = expand_shared_key(key, value.shape[1])
     attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, default_attention)
     return attention_interface(
         module, query, key, value, attention_mask, dropout=dropout, scaling=module.scaling, **kwargs

@@ -9,7 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import GPT2Config, ViTConfig  # noqa: E402
+from transformers import GPT2Config, LlamaConfig, ViTConfig  # noqa: E402
 
 import damcha_hf  # noqa: E402,F401  (registers the Auto classes)
 
@@ -58,6 +58,29 @@ def tiny_vit_config(**overrides) -> ViTConfig:
 
 def tiny_damcha_vit_config(**overrides) -> damcha_hf.DamchaViTConfig:
     return damcha_hf.DamchaViTConfig(**{**TINY_VIT, "metric_hidden_size": 16, **overrides})
+
+
+# 8 query heads of width 8; `num_key_value_heads` 2 (grouped-query, the default here) or 8 (multi-head).
+TINY_LLAMA = {
+    "vocab_size": 97,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+
+def tiny_llama_config(**overrides) -> LlamaConfig:
+    return LlamaConfig(**{**TINY_LLAMA, **overrides})
+
+
+def tiny_damcha_llama_config(**overrides) -> damcha_hf.DamchaLlamaConfig:
+    return damcha_hf.DamchaLlamaConfig(**{**TINY_LLAMA, "metric_hidden_size": 16, **overrides})
 
 
 def randomize_metric(model: torch.nn.Module, scale: float = 0.5, seed: int = 0) -> None:

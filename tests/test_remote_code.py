@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import randomize_metric, tiny_damcha_gpt2_config, tiny_damcha_vit_config
+from conftest import randomize_metric, tiny_damcha_gpt2_config, tiny_damcha_llama_config, tiny_damcha_vit_config
 
 import damcha_hf
 from damcha_hf.registration import AUTO_CLASS_TABLE
@@ -119,6 +119,9 @@ FAMILIES = [
     (damcha_hf.DamchaGPT2Model, tiny_damcha_gpt2_config),
     (damcha_hf.DamchaGPT2LMHeadModel, tiny_damcha_gpt2_config),
     (damcha_hf.DamchaGPT2ForSequenceClassification, tiny_damcha_gpt2_config),
+    (damcha_hf.DamchaLlamaModel, tiny_damcha_llama_config),
+    (damcha_hf.DamchaLlamaForCausalLM, tiny_damcha_llama_config),
+    (damcha_hf.DamchaLlamaForSequenceClassification, tiny_damcha_llama_config),
     (damcha_hf.DamchaViTModel, tiny_damcha_vit_config),
     (damcha_hf.DamchaViTForImageClassification, tiny_damcha_vit_config),
 ]
@@ -171,6 +174,35 @@ def test_gpt2_checkpoint_loads_with_trust_remote_code_without_the_plugin(tmp_pat
         module, class_name = report["classes"][auto_class]
         assert class_name == expected_class.__name__
         assert module.startswith("transformers_modules.") and module.endswith(".modeling_damcha_gpt2")
+    assert torch.equal(report["logits"], expected)
+
+
+@pytest.mark.parametrize("context", ["token", "query"])
+def test_grouped_query_llama_checkpoint_loads_with_trust_remote_code_without_the_plugin(tmp_path, context):
+    model = damcha_hf.DamchaLlamaForCausalLM(tiny_damcha_llama_config(metric_context=context)).eval()
+    randomize_metric(model)  # a non-identity C, so the copied metric code must really run
+    assert model.config.num_key_value_heads < model.config.num_attention_heads
+    folder = tmp_path / "checkpoint"
+    model.save_pretrained(folder)
+    assert {"modeling_damcha_llama.py", "configuration_damcha_llama.py", "damcha_attention.py"} <= {
+        path.name for path in folder.glob("*.py")
+    }
+    inputs = {"input_ids": torch.randint(0, model.config.vocab_size, (2, 11))}
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    stock = transformers.LlamaForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        assert not torch.allclose(stock(**inputs).logits, expected, atol=1e-3)  # the metric matters here
+
+    auto_classes = ["AutoModelForCausalLM", "AutoModel", "AutoModelForSequenceClassification"]
+    report = load_in_fresh_process(folder, inputs, auto_classes, tmp_path / "fresh")
+
+    assert report["damcha_hf_importable"] is False and report["plugin_modules"] == []
+    expected_classes = ["DamchaLlamaForCausalLM", "DamchaLlamaModel", "DamchaLlamaForSequenceClassification"]
+    for auto_class, class_name in zip(auto_classes, expected_classes):
+        module, loaded_name = report["classes"][auto_class]
+        assert loaded_name == class_name
+        assert module.startswith("transformers_modules.") and module.endswith(".modeling_damcha_llama")
     assert torch.equal(report["logits"], expected)
 
 

@@ -1,0 +1,72 @@
+"""Configuration of DAMCHA Llama: Llama (and grouped-query Llama-style decoders) with cross-head metric attention."""
+
+from huggingface_hub.dataclasses import strict
+from transformers import LlamaConfig
+
+from .damcha_options import METRIC_OPTIONS_DOCSTRING, check_metric_options, check_source_model_type
+
+
+@strict
+class DamchaLlamaConfig(LlamaConfig):
+    r"""
+    Configuration of a [`DamchaLlamaModel`]: every field of [`LlamaConfig`] plus the DAMCHA metric fields below. Any
+    Llama `config.json` (Llama 2/3, TinyLlama, SmolLM, ...) loads into it, with the metric fields at their defaults.
+    `metric_context` defaults to `"token"`; `"sequence"` is refused, since it would leak future tokens into a causal
+    model.
+
+    Grouped-query attention (`num_key_value_heads < num_attention_heads`): the metric mixes the `num_key_value_heads`
+    key/value heads, so `C` is `H_kv x H_kv` (`H x H_kv` for `metric_context="query"`) and the KV cache keeps the GQA
+    size. A single key/value head (multi-query attention) leaves nothing to mix and is refused for
+    `cross_head_variant="damcha"`. `"talking_heads"` and `"dcmha"` mix the score maps of the query heads and are
+    offered for multi-head configs (`num_key_value_heads == num_attention_heads`) only.
+    """
+
+    model_type = "damcha_llama"
+
+    metric_hidden_size: int = 64
+    metric_context: str = "token"
+    metric_mask: str = "full"
+    metric_sharing: str = "stack"
+    cross_head_variant: str = "damcha"
+    dcmha_rank: int = 2
+
+    def validate_metric_options(self):
+        check_metric_options(self, causal=True)
+        check_key_value_heads(self)
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        check_source_model_type(cls, config_dict.get("model_type"), base_model_type="llama")
+        # A converted Llama config must be saved as `damcha_llama`, so the source's model_type is not carried over.
+        config_dict = {key: value for key, value in config_dict.items() if key != "model_type"}
+        return super().from_dict(config_dict, **kwargs)
+
+
+def check_key_value_heads(config: DamchaLlamaConfig) -> None:
+    """Refuse head layouts the cross-head variants cannot run, naming the field and the fix."""
+    name = type(config).__name__
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if kv_heads <= 0 or heads % kv_heads != 0:
+        raise ValueError(
+            f"{name}: `num_key_value_heads` ({kv_heads}) must divide `num_attention_heads` ({heads}) (grouped-query "
+            "attention); pick a divisor, or leave it unset for multi-head attention."
+        )
+    variant = config.cross_head_variant
+    if variant == "damcha" and kv_heads == 1 and heads > 1:
+        raise ValueError(
+            f"{name}: `num_key_value_heads=1` (multi-query attention) leaves DAMCHA no key/value heads to mix across "
+            "(`C` would be 1 x 1, a per-token rescaling of the one key, not a cross-head metric). Use a checkpoint "
+            "with `num_key_value_heads` >= 2, or `cross_head_variant='none'` for the plain model."
+        )
+    if variant in ("talking_heads", "dcmha") and kv_heads != heads:
+        raise ValueError(
+            f"{name}: `cross_head_variant={variant!r}` mixes the score maps of all query heads, which this plugin "
+            f"implements for multi-head attention only, but `num_key_value_heads` ({kv_heads}) is not "
+            f"`num_attention_heads` ({heads}). Use `cross_head_variant='damcha'` or `'none'` for grouped-query "
+            f"models, or set `num_key_value_heads={heads}`."
+        )
+
+
+DamchaLlamaConfig.__doc__ += METRIC_OPTIONS_DOCSTRING
+
+__all__ = ["DamchaLlamaConfig"]

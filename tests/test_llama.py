@@ -1,0 +1,360 @@
+"""DAMCHA Llama (multi-head and grouped-query) against stock Llama and a naive per-head-pair oracle."""
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import randomize_metric, tiny_damcha_llama_config, tiny_llama_config
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    GenerationMixin,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    LlamaModel,
+)
+
+import damcha_hf
+from damcha_hf import (
+    DamchaLlamaConfig,
+    DamchaLlamaForCausalLM,
+    DamchaLlamaForSequenceClassification,
+    DamchaLlamaModel,
+)
+from damcha_hf.modeling.damcha_attention import CrossHeadMetric, cross_head_query_key
+
+CAUSAL_CONTEXTS = ["token", "query"]
+KV_HEADS = [8, 2]  # multi-head (8 query heads, 8 key/value heads) and grouped-query (8 query heads, 2 groups)
+
+
+def tokens(batch=2, seq=12, seed=0):
+    return torch.randint(3, 97, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def damcha_lm(context="token", attn="sdpa", kv_heads=2, randomize=True, **overrides):
+    config = tiny_damcha_llama_config(metric_context=context, num_key_value_heads=kv_heads, **overrides)
+    model = DamchaLlamaForCausalLM(config).eval()
+    model.set_attn_implementation(attn)
+    if randomize:
+        randomize_metric(model)
+    return model
+
+
+# --- the attention layer against a head-pair oracle ----------------------------------------------------------
+
+
+def rotate(x, position, base):
+    """RoPE written out: rotate each pair (x[k], x[k + d/2]) by the angle position * base^(-2k/d)."""
+    half = x.shape[-1] // 2
+    angle = position * base ** (-torch.arange(half, dtype=torch.float64) * 2 / x.shape[-1])
+    cos, sin = angle.cos().float(), angle.sin().float()
+    first, second = x[..., :half], x[..., half:]
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+def oracle_cross_head(metric, z, rows, columns, mask):
+    """C(z) from the generator's weights; the identity of grouped-query attention maps query head i to group i // g."""
+    generator = metric.generators[0]
+    hidden = torch.nn.functional.gelu(z @ generator.fc_in.weight.T + generator.fc_in.bias)
+    offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).reshape(rows, columns)
+    identity = torch.zeros(rows, columns)
+    for i in range(rows):
+        identity[i, i // (rows // columns)] = 1.0
+    return {"full": identity + offsets, "diagonal": identity * (1 + offsets), "offdiagonal": offsets * (1 - identity)}[
+        mask
+    ]
+
+
+def oracle_attention(attention, metric, x, positions, context, mask, base):
+    """One Llama attention layer by hand: RoPE'd heads, every (query head, key head) pair weighted by C, causal."""
+    batch, seq, _ = x.shape
+    heads, kv_heads, head_dim = attention.config.num_attention_heads, attention.config.num_key_value_heads, 8
+    group = heads // kv_heads
+    q = (x @ attention.q_proj.weight.T).reshape(batch, seq, heads, head_dim)
+    k = (x @ attention.k_proj.weight.T).reshape(batch, seq, kv_heads, head_dim)
+    v = (x @ attention.v_proj.weight.T).reshape(batch, seq, kv_heads, head_dim)
+    q = torch.stack([rotate(q[:, t], positions[t], base) for t in range(seq)], dim=1)
+    k = torch.stack([rotate(k[:, t], positions[t], base) for t in range(seq)], dim=1)
+    out = torch.zeros(batch, seq, heads, head_dim)
+    for b in range(batch):
+        for i in range(heads):
+            scores = torch.full((seq, seq), float("-inf"))
+            for t in range(seq):
+                for s in range(t + 1):
+                    if context == "query":  # C is H x H_kv, from the query token
+                        weights = oracle_cross_head(metric, x[b, t], heads, kv_heads, mask)[i]
+                    else:  # C is H_kv x H_kv, from the key token; head i reads its group's mixed key
+                        weights = oracle_cross_head(metric, x[b, s], kv_heads, kv_heads, mask)[i // group]
+                    scores[t, s] = sum(weights[j] * (q[b, t, i] @ k[b, s, j]) for j in range(kv_heads))
+            out[b, :, i] = torch.softmax(scores / math.sqrt(head_dim), dim=-1) @ v[b, :, i // group]
+    return out.reshape(batch, seq, heads * head_dim) @ attention.o_proj.weight.T
+
+
+@pytest.mark.parametrize("kv_heads", KV_HEADS)
+@pytest.mark.parametrize("context", CAUSAL_CONTEXTS)
+@pytest.mark.parametrize("mask", ["full", "diagonal", "offdiagonal"])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_attention_layer_matches_head_pair_oracle(kv_heads, context, mask, attn):
+    model = damcha_lm(context, attn, kv_heads=kv_heads, metric_mask=mask)
+    metric = model.model.cross_head_metric
+    rows = 8 if context == "query" else kv_heads
+    assert metric.generators[0].fc_out.out_features == rows * kv_heads
+    attention = model.model.layers[0].self_attn
+    x = torch.randn(2, 6, 64)
+    positions = torch.arange(3, 9)  # off zero, so that the rotation matters
+    cos_sin = model.model.rotary_emb(x, positions[None])
+    causal_mask = torch.full((6, 6), torch.finfo(torch.float32).min).triu(1)[None, None]
+    with torch.no_grad():
+        out, _ = attention(x, position_embeddings=cos_sin, attention_mask=causal_mask, cross_head_metric=metric)
+        base = model.config.rope_parameters["rope_theta"]
+        expected = oracle_attention(attention, metric, x, positions, context, mask, base)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_key_mixing_commutes_with_rope():
+    """sum_l C_jl R_s K_l = R_s sum_l C_jl K_l: RoPE rotates every head of a position alike, so where it is applied
+    relative to the mix does not matter (and the model mixes the rotated keys, which the cache stores)."""
+    model = damcha_lm("token", kv_heads=2)
+    metric, rotary = model.model.cross_head_metric, model.model.rotary_emb
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    x = torch.randn(2, 7, 64)
+    query, key = torch.randn(2, 8, 7, 8), torch.randn(2, 2, 7, 8)
+    cos, sin = rotary(x, torch.arange(5, 12)[None])
+    with torch.no_grad():
+        _, mixed_then_rotated = cross_head_query_key(query, key, x, metric, layer_idx=0, metric_context="token")
+        _, mixed_then_rotated = apply_rotary_pos_emb(query, mixed_then_rotated, cos, sin)
+        _, rotated = apply_rotary_pos_emb(query, key, cos, sin)
+        _, rotated_then_mixed = cross_head_query_key(query, rotated, x, metric, layer_idx=0, metric_context="token")
+    assert (rotated_then_mixed - rotated).abs().max() > 1e-2  # the metric is far from the identity
+    torch.testing.assert_close(rotated_then_mixed, mixed_then_rotated, rtol=1e-5, atol=1e-5)
+
+
+def test_metric_shapes_follow_the_key_value_heads():
+    assert CrossHeadMetric.from_config(tiny_damcha_llama_config()).generators[0].fc_out.out_features == 2 * 2
+    query_metric = CrossHeadMetric.from_config(tiny_damcha_llama_config(metric_context="query"))
+    assert query_metric(torch.zeros(3, 64)).shape == (3, 8, 2)
+    # G = 0: C is the grouped-query assignment, query heads 0-3 read key head 0 and heads 4-7 key head 1
+    expected = torch.zeros(8, 2)
+    expected[:4, 0] = expected[4:, 1] = 1
+    assert torch.equal(query_metric(torch.randn(64)), expected)
+
+
+# --- conversion: the zero generator is stock Llama ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kv_heads", KV_HEADS)
+@pytest.mark.parametrize("context", CAUSAL_CONTEXTS)
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_converted_lm_equals_stock_llama(kv_heads, context, attn):
+    stock = LlamaForCausalLM(tiny_llama_config(num_key_value_heads=kv_heads)).eval()
+    stock.set_attn_implementation(attn)
+    damcha = damcha_hf.convert_to_damcha(stock, metric_context=context)
+    assert isinstance(damcha, DamchaLlamaForCausalLM) and damcha.config._attn_implementation == attn
+    assert damcha.config.num_key_value_heads == kv_heads
+    ids = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(damcha(ids).logits, stock(ids).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("stock_class, damcha_class", [(LlamaModel, DamchaLlamaModel), (LlamaForSequenceClassification, DamchaLlamaForSequenceClassification)])  # fmt: skip
+def test_convert_base_and_classification_models(stock_class, damcha_class):
+    stock = stock_class(tiny_llama_config(num_labels=3)).eval()
+    damcha = damcha_hf.convert_to_damcha(stock, metric_context="query")
+    assert type(damcha) is damcha_class
+    ids = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(damcha(ids)[0], stock(ids)[0], rtol=0, atol=1e-5)
+
+
+def test_tied_embeddings_stay_tied():
+    stock = LlamaForCausalLM(tiny_llama_config(tie_word_embeddings=True)).eval()
+    damcha = damcha_hf.convert_to_damcha(stock)
+    assert damcha.lm_head.weight.data_ptr() == damcha.model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():
+        torch.testing.assert_close(damcha(tokens()).logits, stock(tokens()).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["talking_heads", "dcmha", "none"])
+def test_baselines_convert_from_multi_head_llama(variant):
+    stock = LlamaForCausalLM(tiny_llama_config(num_key_value_heads=8)).eval()
+    damcha = damcha_hf.convert_to_damcha(stock, cross_head_variant=variant)
+    assert damcha.model.cross_head_metric is None
+    with torch.no_grad():
+        torch.testing.assert_close(damcha(tokens()).logits, stock(tokens()).logits, rtol=0, atol=1e-5)
+
+
+def test_from_pretrained_llama_folder_keeps_every_weight(tmp_path):
+    stock = LlamaForCausalLM(tiny_llama_config()).eval()
+    stock.save_pretrained(tmp_path)
+    damcha = DamchaLlamaForCausalLM.from_pretrained(tmp_path).eval()
+    stock_state, damcha_state = stock.state_dict(), damcha.state_dict()
+    for name, tensor in stock_state.items():
+        torch.testing.assert_close(damcha_state[name], tensor, rtol=0, atol=0)
+    extra = sorted(set(damcha_state) - set(stock_state))
+    assert extra and all(".cross_head_metric." in f".{name}" for name in extra)
+    generator = damcha.model.cross_head_metric.generators[0]
+    assert generator.fc_out.weight.abs().max() == 0 and generator.fc_in.weight.abs().max() > 0
+    assert damcha.config.model_type == "damcha_llama"
+    with torch.no_grad():
+        torch.testing.assert_close(damcha(tokens()).logits, stock(tokens()).logits, rtol=0, atol=1e-5)
+
+
+# --- inference paths ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kv_heads", KV_HEADS)
+@pytest.mark.parametrize("context", CAUSAL_CONTEXTS)
+def test_eager_equals_sdpa(kv_heads, context):
+    eager = damcha_lm(context, "eager", kv_heads=kv_heads)
+    sdpa = damcha_lm(context, "sdpa", kv_heads=kv_heads)
+    sdpa.load_state_dict(eager.state_dict())
+    ids = tokens()
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(eager(ids).logits, sdpa(ids).logits, rtol=1e-4, atol=1e-5)
+        a = eager(ids, attention_mask=mask).logits[mask.bool()]
+        b = sdpa(ids, attention_mask=mask).logits[mask.bool()]
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def generate(model, prompt, **settings):
+    return model.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=16,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+        **settings,
+    )
+
+
+@pytest.mark.parametrize("kv_heads", KV_HEADS)
+@pytest.mark.parametrize("context", CAUSAL_CONTEXTS)
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_generate_with_cache_equals_full_forward(kv_heads, context, attn):
+    model = damcha_lm(context, attn, kv_heads=kv_heads)  # a non-zero ("trained") generator
+    prompt = tokens(batch=2, seq=5)
+    cached = generate(model, prompt, use_cache=True)
+    uncached = generate(model, prompt, use_cache=False)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    with torch.no_grad():
+        full = model(cached.sequences[:, :-1]).logits[:, prompt.shape[1] - 1 :]
+    torch.testing.assert_close(torch.stack(cached.logits, dim=1), full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.stack(uncached.logits, dim=1), full, rtol=1e-4, atol=1e-4)
+
+
+# "query" joins once its cache holds the plain (batch, H_kv, seq, d_h) keys (issue 11): the static cache sizes the
+# values from the keys' head count, which the shared full-width key does not have.
+@pytest.mark.parametrize("context", ["token"])
+def test_static_cache_equals_dynamic_cache(context):
+    model = damcha_lm(context, "sdpa", kv_heads=2)
+    prompt = tokens(batch=2, seq=5)
+    dynamic = generate(model, prompt)
+    static = generate(model, prompt, cache_implementation="static")
+    assert torch.equal(static.sequences, dynamic.sequences)
+    torch.testing.assert_close(torch.stack(static.logits, 1), torch.stack(dynamic.logits, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_cache_keeps_the_grouped_query_size():
+    model = damcha_lm("token", kv_heads=2)
+    with torch.no_grad():
+        cache = model(tokens(seq=9), use_cache=True).cache
+    assert cache.layers[0].keys.shape == (2, 2, 9, 8)  # (batch, H_kv, seq, d_h): the GQA size, mixed keys
+
+
+# --- causality and training -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("context", CAUSAL_CONTEXTS)
+def test_future_tokens_do_not_change_past_logits(context):
+    model = damcha_lm(context)
+    ids = tokens(batch=1, seq=16)
+    changed = ids.clone()
+    changed[:, 9:] = (changed[:, 9:] + 7) % 97
+    with torch.no_grad():
+        a, b = model(ids).logits, model(changed).logits
+    torch.testing.assert_close(a[:, :9], b[:, :9], rtol=0, atol=1e-5)
+    assert (a[:, 9:] - b[:, 9:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("context", CAUSAL_CONTEXTS)
+def test_gradient_checkpointing_gives_the_same_gradients(context):
+    model = damcha_lm(context).train()
+    ids = tokens()
+    model(ids, labels=ids).loss.backward()
+    plain = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    model.gradient_checkpointing_enable()
+    model(ids, labels=ids).loss.backward()
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(parameter.grad, plain[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert plain["model.cross_head_metric.generators.0.fc_in.weight"].abs().max() > 0
+
+
+def test_output_attentions_returns_grouped_query_maps():
+    model = damcha_lm("token", "eager")
+    with torch.no_grad():
+        out = model(tokens(seq=9), output_attentions=True)
+    assert len(out.attentions) == 2
+    for attention in out.attentions:
+        assert attention.shape == (2, 8, 9, 9)
+        torch.testing.assert_close(attention.sum(-1), torch.ones(2, 8, 9))
+        assert torch.all(attention.triu(1) == 0)
+
+
+# --- persistence and registration -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("context", CAUSAL_CONTEXTS)
+def test_save_and_load_round_trip_exactly(tmp_path, context):
+    model = damcha_lm(context, metric_sharing="layer", metric_mask="diagonal", metric_hidden_size=12)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == "damcha_llama" and config["metric_context"] == context
+    assert config["num_key_value_heads"] == 2
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is DamchaLlamaForCausalLM
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens()).logits, model(tokens()).logits)
+
+
+def test_auto_classes_resolve_damcha_types():
+    config = tiny_damcha_llama_config()
+    assert type(AutoConfig.for_model("damcha_llama", hidden_size=64, num_attention_heads=8)) is DamchaLlamaConfig
+    assert type(AutoModel.from_config(config)) is DamchaLlamaModel
+    assert type(AutoModelForCausalLM.from_config(config)) is DamchaLlamaForCausalLM
+    assert type(AutoModelForSequenceClassification.from_config(config)) is DamchaLlamaForSequenceClassification
+    assert GenerationMixin in DamchaLlamaForCausalLM.__bases__
+
+
+# --- bad configs ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (dict(metric_context="sequence"), "future tokens"),
+        (dict(num_key_value_heads=1), "multi-query"),
+        (dict(num_key_value_heads=3), "num_key_value_heads"),
+        (dict(num_key_value_heads=2, cross_head_variant="talking_heads"), "num_key_value_heads"),
+        (dict(metric_mask="upper"), "metric_mask"),
+        (dict(hidden_size=60), "attention heads"),
+    ],
+)
+def test_bad_configs_name_the_field(overrides, match):
+    with pytest.raises(Exception, match=match):  # huggingface_hub's strict-dataclass error wraps the ValueError
+        tiny_damcha_llama_config(**overrides)
+
+
+def test_a_plain_model_of_a_multi_query_checkpoint_is_allowed():
+    config = tiny_damcha_llama_config(num_key_value_heads=1, cross_head_variant="none")
+    assert DamchaLlamaForCausalLM(config).model.cross_head_metric is None

@@ -5,64 +5,26 @@ fine-tuning then learns the metric.
 """
 
 import torch
-from transformers import (
-    GPT2ForSequenceClassification,
-    GPT2LMHeadModel,
-    GPT2Model,
-    LlamaForCausalLM,
-    LlamaForSequenceClassification,
-    LlamaModel,
-    PreTrainedModel,
-    ViTForImageClassification,
-    ViTModel,
-)
+from transformers import PreTrainedModel
 
-from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
-from .modeling.configuration_damcha_llama import DamchaLlamaConfig
-from .modeling.configuration_damcha_vit import DamchaViTConfig
+from .families import FAMILIES
 from .modeling.damcha_attention import eager_attn_implementation_for
-from .modeling.modeling_damcha_gpt2 import (
-    DamchaGPT2ForSequenceClassification,
-    DamchaGPT2LMHeadModel,
-    DamchaGPT2Model,
-)
-from .modeling.modeling_damcha_llama import (
-    DamchaLlamaForCausalLM,
-    DamchaLlamaForSequenceClassification,
-    DamchaLlamaModel,
-)
-from .modeling.modeling_damcha_vit import DamchaViTForImageClassification, DamchaViTModel
+from .modeling.damcha_family import DamchaFamily, DamchaHead
 
-# source class -> (DAMCHA config class, DAMCHA model class). Exact classes: a subclass may add weights we would drop.
-CONVERSIONS: dict[type, tuple[type, type]] = {
-    GPT2Model: (DamchaGPT2Config, DamchaGPT2Model),
-    GPT2LMHeadModel: (DamchaGPT2Config, DamchaGPT2LMHeadModel),
-    GPT2ForSequenceClassification: (DamchaGPT2Config, DamchaGPT2ForSequenceClassification),
-    LlamaModel: (DamchaLlamaConfig, DamchaLlamaModel),
-    LlamaForCausalLM: (DamchaLlamaConfig, DamchaLlamaForCausalLM),
-    LlamaForSequenceClassification: (DamchaLlamaConfig, DamchaLlamaForSequenceClassification),
-    ViTModel: (DamchaViTConfig, DamchaViTModel),
-    ViTForImageClassification: (DamchaViTConfig, DamchaViTForImageClassification),
+# stock class -> (its family, the head it converts to), from the family declarations. Exact classes: a subclass may
+# add weights the DAMCHA class would drop.
+CONVERSIONS: dict[type, tuple[DamchaFamily, DamchaHead]] = {
+    head.stock_class: (family, head) for family in FAMILIES for head in family.heads
 }
-
-
-def _architecture_options(model: PreTrainedModel) -> dict:
-    """Constructor arguments that decide which weights the model has, so the DAMCHA copy has the same ones."""
-    if isinstance(model, ViTModel):
-        return {
-            "add_pooling_layer": model.pooler is not None,
-            "use_mask_token": model.embeddings.mask_token is not None,
-        }
-    return {}
 
 
 def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedModel:
     """Return the DAMCHA counterpart of `model` with every weight copied and the metric generator at zero.
 
     Args:
-        model: a `GPT2Model`, `GPT2LMHeadModel`, `GPT2ForSequenceClassification`, `LlamaModel`,
-            `LlamaForCausalLM`, `LlamaForSequenceClassification`, `ViTModel` or `ViTForImageClassification` (the keys
-            of `CONVERSIONS`).
+        model: the stock class of any head of a DAMCHA family (the keys of `CONVERSIONS`): `GPT2Model`,
+            `GPT2LMHeadModel`, `GPT2ForSequenceClassification`, `LlamaModel`, `LlamaForCausalLM`,
+            `LlamaForSequenceClassification`, `ViTModel`, `ViTForImageClassification`, ...
         **metric_options: DAMCHA config fields, e.g. `metric_context="query"`, `metric_hidden_size=32`, or
             `cross_head_variant="talking_heads"` / `"dcmha"` / `"none"` for the baselines (all start as MHA too).
 
@@ -72,7 +34,8 @@ def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedMod
     if type(model) not in CONVERSIONS:
         supported = ", ".join(cls.__name__ for cls in CONVERSIONS)
         raise TypeError(f"convert_to_damcha: cannot convert a {type(model).__name__}; supported: {supported}.")
-    config_class, damcha_class = CONVERSIONS[type(model)]
+    family, head = CONVERSIONS[type(model)]
+    config_class, damcha_class = family.config_class, head.model_class
     config_dict = model.config.to_dict()
     for key in ("model_type", "architectures", "auto_map", "transformers_version"):
         config_dict.pop(key, None)
@@ -82,7 +45,7 @@ def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedMod
         config._attn_implementation = model.config._attn_implementation
     parameter = next(model.parameters())
     with torch.device(parameter.device):
-        damcha = damcha_class(config, **_architecture_options(model)).to(parameter.dtype)
+        damcha = damcha_class(config, **family.architecture_options(model)).to(parameter.dtype)
     missing, unexpected = damcha.load_state_dict(model.state_dict(), strict=False)
     new_modules = (".cross_head_metric.", ".cross_head_mixing.")  # DAMCHA's generator, talking-heads / DCMHA mixing
     missing = [key for key in missing if not any(name in f".{key}" for name in new_modules)]

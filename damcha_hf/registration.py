@@ -1,53 +1,14 @@
-"""Registration of the DAMCHA configs and models with the transformers Auto classes."""
+"""Registration of the DAMCHA configs and models with the transformers Auto classes, from the family declarations."""
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoModelForImageClassification,
-    AutoModelForSequenceClassification,
-)
+import transformers
+from transformers import AutoConfig
 
-from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
-from .modeling.configuration_damcha_llama import DamchaLlamaConfig
-from .modeling.configuration_damcha_vit import DamchaViTConfig
-from .modeling.modeling_damcha_gpt2 import (
-    DamchaGPT2ForSequenceClassification,
-    DamchaGPT2LMHeadModel,
-    DamchaGPT2Model,
-)
-from .modeling.modeling_damcha_llama import (
-    DamchaLlamaForCausalLM,
-    DamchaLlamaForSequenceClassification,
-    DamchaLlamaModel,
-)
-from .modeling.modeling_damcha_vit import DamchaViTForImageClassification, DamchaViTModel
+from .families import FAMILIES
 
-# (config class, [(auto class, model class), ...]) for every DAMCHA architecture.
+# (config class, [(auto class, model class), ...]) for every DAMCHA architecture, as the Hub export reads it.
 AUTO_CLASS_TABLE = [
-    (
-        DamchaGPT2Config,
-        [
-            (AutoModel, DamchaGPT2Model),
-            (AutoModelForCausalLM, DamchaGPT2LMHeadModel),
-            (AutoModelForSequenceClassification, DamchaGPT2ForSequenceClassification),
-        ],
-    ),
-    (
-        DamchaLlamaConfig,
-        [
-            (AutoModel, DamchaLlamaModel),
-            (AutoModelForCausalLM, DamchaLlamaForCausalLM),
-            (AutoModelForSequenceClassification, DamchaLlamaForSequenceClassification),
-        ],
-    ),
-    (
-        DamchaViTConfig,
-        [
-            (AutoModel, DamchaViTModel),
-            (AutoModelForImageClassification, DamchaViTForImageClassification),
-        ],
-    ),
+    (family.config_class, [(getattr(transformers, head.auto_class), head.model_class) for head in family.heads])
+    for family in FAMILIES
 ]
 
 

@@ -41,6 +41,25 @@ class DamchaLlamaConfig(LlamaConfig):
         config_dict = {key: value for key, value in config_dict.items() if key != "model_type"}
         return super().from_dict(config_dict, **kwargs)
 
+    @classmethod
+    def tinyllama_1_1b(cls, **overrides) -> "DamchaLlamaConfig":
+        """The TinyLlama-1.1B shape: width 2048, 22 layers, 32 query heads sharing 4 key/value heads (head width 64),
+        SwiGLU MLP 5632, vocabulary 32000, context 2048. Any field can be overridden (fewer layers for a quick run:
+        `num_hidden_layers=2`). With the defaults the metric generator (`C` is 4 x 4) adds 2048*64+64 + 64*16+16 =
+        132,176 parameters to the 1,100,048,384 of `DamchaLlamaForCausalLM` (`damcha-hf info tinyllama`).
+        """
+        shape = {
+            "vocab_size": 32000,
+            "hidden_size": 2048,
+            "intermediate_size": 5632,
+            "num_hidden_layers": 22,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-5,
+        }
+        return cls(**{**shape, **overrides})
+
 
 def check_key_value_heads(config: DamchaLlamaConfig) -> None:
     """Refuse head layouts the cross-head variants cannot run, naming the field and the fix."""

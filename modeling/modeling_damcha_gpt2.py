@@ -30,6 +30,7 @@ from .damcha_attention import (
     cross_head_attention,
     cross_head_variant_of,
 )
+from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaPreTrainedMixin
 
 
@@ -133,7 +134,29 @@ class DamchaGPT2ForSequenceClassification(DamchaGPT2PreTrainedModel, GPT2ForSequ
         self.post_init()
 
 
+DAMCHA_FAMILY = DamchaFamily(
+    model_type="gpt2",
+    display_name="GPT-2",
+    config_class=DamchaGPT2Config,
+    heads=(
+        DamchaHead("AutoModel", DamchaGPT2Model, GPT2Model),
+        DamchaHead("AutoModelForCausalLM", DamchaGPT2LMHeadModel, GPT2LMHeadModel, "text-generation"),
+        DamchaHead(
+            "AutoModelForSequenceClassification",
+            DamchaGPT2ForSequenceClassification,
+            GPT2ForSequenceClassification,
+            "text-classification",
+        ),
+    ),
+    causal=True,
+    vision=False,
+    lora_target_modules=("c_attn", "c_proj", "c_fc"),
+    lora_fan_in_fan_out=True,  # GPT-2's projections are Conv1D (weight stored transposed)
+    presets={"gpt2-small": (DamchaGPT2Model, DamchaGPT2Config)},
+)
+
 __all__ = [
+    "DAMCHA_FAMILY",
     "DamchaGPT2PreTrainedModel",
     "DamchaGPT2Model",
     "DamchaGPT2LMHeadModel",

@@ -37,6 +37,7 @@ from .damcha_attention import (
     cross_head_attention,
     cross_head_variant_of,
 )
+from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaPreTrainedMixin
 
 
@@ -148,7 +149,28 @@ class DamchaLlamaForSequenceClassification(DamchaLlamaPreTrainedModel, LlamaForS
         self.post_init()
 
 
+DAMCHA_FAMILY = DamchaFamily(
+    model_type="llama",
+    display_name="Llama",
+    config_class=DamchaLlamaConfig,
+    heads=(
+        DamchaHead("AutoModel", DamchaLlamaModel, LlamaModel),
+        DamchaHead("AutoModelForCausalLM", DamchaLlamaForCausalLM, LlamaForCausalLM, "text-generation"),
+        DamchaHead(
+            "AutoModelForSequenceClassification",
+            DamchaLlamaForSequenceClassification,
+            LlamaForSequenceClassification,
+            "text-classification",
+        ),
+    ),
+    causal=True,
+    vision=False,
+    lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    presets={"tinyllama": (DamchaLlamaForCausalLM, DamchaLlamaConfig.tinyllama_1_1b)},
+)
+
 __all__ = [
+    "DAMCHA_FAMILY",
     "DamchaLlamaPreTrainedModel",
     "DamchaLlamaModel",
     "DamchaLlamaForCausalLM",

@@ -36,6 +36,7 @@ from .damcha_attention import (
     cross_head_attention,
     cross_head_variant_of,
 )
+from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaPreTrainedMixin
 
 
@@ -195,7 +196,45 @@ register_checkpoint_conversion_mapping(
 )
 
 
+def vit_architecture_options(model) -> dict:
+    """A `ViTModel`'s pooler and mask token are constructor options: the converted model must have the same ones."""
+    if isinstance(model, ViTModel):
+        return {
+            "add_pooling_layer": model.pooler is not None,
+            "use_mask_token": model.embeddings.mask_token is not None,
+        }
+    return {}
+
+
+def vit_small_imagenet_config(**overrides) -> DamchaViTConfig:
+    # The paper's ImageNet-1K shape, with its 1000-class head, so that `info` gives the share of the model it trains.
+    return DamchaViTConfig.vit_small_patch16_224(**{"num_labels": 1000, **overrides})
+
+
+DAMCHA_FAMILY = DamchaFamily(
+    model_type="vit",
+    display_name="ViT",
+    config_class=DamchaViTConfig,
+    heads=(
+        DamchaHead("AutoModel", DamchaViTModel, ViTModel),
+        DamchaHead(
+            "AutoModelForImageClassification",
+            DamchaViTForImageClassification,
+            ViTForImageClassification,
+            "image-classification",
+        ),
+    ),
+    causal=False,
+    vision=True,
+    lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2"),
+    task_head_modules=("classifier",),  # a new dataset's classifier starts fresh: train it in full
+    architecture_options=vit_architecture_options,
+    presets={"vit-small": (DamchaViTForImageClassification, vit_small_imagenet_config)},
+)
+
+
 __all__ = [
+    "DAMCHA_FAMILY",
     "DamchaViTForImageClassification",
     "DamchaViTModel",
     "DamchaViTPreTrainedModel",

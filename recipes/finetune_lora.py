@@ -1,16 +1,20 @@
 #!/usr/bin/env python
-"""DAMCHA-upgrade a pretrained GPT-2 or ViT cheaply: LoRA on the attention and MLP projections, the metric generator
+"""DAMCHA-upgrade a pretrained GPT-2, Llama or ViT cheaply: LoRA on the attention and MLP projections, the metric generator
 trained in full (PEFT `modules_to_save=["cross_head_metric"]`), everything else frozen.
 
     # GPT-2 (a local GPT-2 or DAMCHA GPT-2 checkpoint folder), language modelling on local text:
     python recipes/finetune_lora.py --base path/to/gpt2 --data corpus.txt --output-dir runs/lora-gpt2 --merge
+    # Llama (Llama 2/3, TinyLlama, SmolLM, ...; grouped-query attention included), the same way:
+    python recipes/finetune_lora.py --base path/to/tinyllama --data corpus.txt --output-dir runs/lora-llama --merge
     # ViT (a local ViT or DAMCHA ViT checkpoint folder), classification on an image folder or Fashion-MNIST:
     python recipes/finetune_lora.py --base path/to/vit --data path/to/images --output-dir runs/lora-vit --merge
 
-A plain GPT-2 / ViT checkpoint is converted with `damcha_hf.convert_to_damcha` (every weight kept, generator at zero,
-so training starts from the pretrained model's exact outputs). LoRA targets: GPT-2 `c_attn`, `c_proj`, `c_fc`;
-ViT `q_proj`, `k_proj`, `v_proj`, `o_proj`, `fc1`, `fc2` (the ViT classifier is trained in full too, since a new
-dataset needs a new head). The adapter goes to `<output-dir>/adapter`; with `--merge` the LoRA weights are merged
+A plain GPT-2 / Llama / ViT checkpoint is converted with `damcha_hf.convert_to_damcha` (every weight kept, generator
+at zero, so training starts from the pretrained model's exact outputs). The architecture is read from the checkpoint's
+`model_type`, and everything the recipe needs about it from its family declaration (`damcha_hf.families`). LoRA
+targets: GPT-2 `c_attn`, `c_proj`, `c_fc`; Llama `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`,
+`down_proj`; ViT `q_proj`, `k_proj`, `v_proj`, `o_proj`, `fc1`, `fc2` (the ViT classifier is trained in full too,
+since a new dataset needs a new head). The adapter goes to `<output-dir>/adapter`; with `--merge` the LoRA weights are merged
 and `<output-dir>/merged` is a plain DAMCHA checkpoint (no PEFT needed to load it).
 """
 
@@ -21,45 +25,32 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common
+import transformers
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForImageClassification,
-    DataCollatorForLanguageModeling,
-    GPT2LMHeadModel,
-    Trainer,
-    ViTForImageClassification,
-    set_seed,
-)
+from transformers import AutoConfig, DataCollatorForLanguageModeling, Trainer, set_seed
 
 import damcha_hf
 from damcha_hf.data import check_tokenizer_matches_model
+from damcha_hf.families import FAMILIES, family_for_model_type
 from damcha_hf.metrics import accuracy_compute_metrics, causal_lm_compute_metrics, causal_lm_token_nll
-
-LORA_TARGETS = {
-    "gpt2": ["c_attn", "c_proj", "c_fc"],
-    "vit": ["q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2"],
-}
-FAMILY = {"gpt2": "gpt2", "damcha_gpt2": "gpt2", "vit": "vit", "damcha_vit": "vit"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", required=True, help="a local GPT-2 / ViT (or DAMCHA) checkpoint folder")
+    parser.add_argument("--base", required=True, help="a local GPT-2 / Llama / ViT (or DAMCHA) checkpoint folder")
     lora = parser.add_argument_group("LoRA")
     lora.add_argument("--lora-rank", type=int, default=8)
     lora.add_argument("--lora-alpha", type=float, default=16)
     lora.add_argument("--lora-dropout", type=float, default=0.0)
     lora.add_argument("--freeze-generator", action="store_true", help="do not train the metric generator")
     lora.add_argument("--merge", action="store_true", help="merge LoRA into the weights and save <output-dir>/merged")
-    data = parser.add_argument_group("data (GPT-2: text; ViT: images)")
-    data.add_argument("--data", help="GPT-2: text file/folder/glob/'stdlib'/'gcide'; ViT: image folder or "
+    data = parser.add_argument_group("data (GPT-2, Llama: text; ViT: images)")
+    data.add_argument("--data", help="GPT-2, Llama: text file/folder/glob/'stdlib'/'gcide'; ViT: image folder or "
                       "'fashion-mnist' (default: 'stdlib' or 'fashion-mnist')")  # fmt: skip
     data.add_argument("--file-pattern", default="**/*.txt")
     data.add_argument("--max-data-bytes", type=int)
     data.add_argument("--validation-fraction", type=float, default=0.05)
-    data.add_argument("--block-size", type=int, default=128, help="GPT-2 context length in tokens")
+    data.add_argument("--block-size", type=int, default=128, help="language-model context length in tokens")
     data.add_argument("--fashion-mnist-dir", default="/usr/share/datasets/fashion-mnist")
     data.add_argument("--image-size", type=int, help="ViT: default the base model's image size")
     data.add_argument("--no-augment", action="store_true")
@@ -71,13 +62,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def load_base(args):
-    """(DAMCHA model, family): the base checkpoint, converted to DAMCHA if it is plain GPT-2 / ViT."""
+    """(config, family) of the base checkpoint: its config (stock or DAMCHA) and its `DamchaFamily` declaration."""
     config = AutoConfig.from_pretrained(args.base)
-    family = FAMILY.get(config.model_type)
+    family = family_for_model_type(config.model_type)
     if family is None:
+        stock = " / ".join(f.model_type for f in FAMILIES)
+        damcha = " / ".join(f.damcha_model_type for f in FAMILIES)
         raise ValueError(
-            f"--base {args.base!r} is a {config.model_type!r} checkpoint; this recipe upgrades gpt2 / vit (or their "
-            "DAMCHA versions, damcha_gpt2 / damcha_vit)."
+            f"--base {args.base!r} is a {config.model_type!r} checkpoint; this recipe upgrades {stock} (or their "
+            f"DAMCHA versions, {damcha})."
         )
     return config, family
 
@@ -94,20 +87,12 @@ def build_model(args, config, family, num_labels=None, labels=None):
         label_maps = {"num_labels": num_labels, "id2label": dict(enumerate(labels)),
                       "label2id": {name: i for i, name in enumerate(labels)}, "ignore_mismatched_sizes": True}  # fmt: skip
     options = common.metric_options(args)
-    if config.model_type == "gpt2":
-        model = damcha_hf.convert_to_damcha(
-            GPT2LMHeadModel.from_pretrained(args.base, attn_implementation=args.attn), **options
-        )
-    elif config.model_type == "vit":
-        base = ViTForImageClassification.from_pretrained(args.base, attn_implementation=args.attn, **label_maps)
-        model = damcha_hf.convert_to_damcha(base, **options)
-    elif family == "gpt2":
-        model = AutoModelForCausalLM.from_pretrained(args.base, attn_implementation=args.attn, **options)
-    else:
-        model = AutoModelForImageClassification.from_pretrained(
-            args.base, attn_implementation=args.attn, **label_maps, **options
-        )
-    return model
+    head = family.task_head
+    if config.model_type == family.model_type:  # a stock checkpoint: load it as it is, then convert it exactly
+        base = head.stock_class.from_pretrained(args.base, attn_implementation=args.attn, **label_maps)
+        return damcha_hf.convert_to_damcha(base, **options)
+    auto_class = getattr(transformers, head.auto_class)
+    return auto_class.from_pretrained(args.base, attn_implementation=args.attn, **label_maps, **options)
 
 
 def main(argv=None) -> dict:
@@ -116,7 +101,7 @@ def main(argv=None) -> dict:
     resume = common.resolve_resume(args.resume, args.output_dir)
     config, family = load_base(args)
 
-    if family == "gpt2":
+    if not family.vision:
         from transformers import AutoTokenizer
 
         from damcha_hf.data import load_text_corpus
@@ -130,14 +115,13 @@ def main(argv=None) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(args.base) if has_tokenizer else common.build_tokenizer(args, corpus)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
-        args.block_size = min(args.block_size, config.n_positions)
+        args.block_size = min(args.block_size, config.max_position_embeddings)
         train, validation = common.language_model_data(args, tokenizer, corpus)
         model = build_model(args, config, family)
         check_tokenizer_matches_model(tokenizer, model.config)
         processing, collator = tokenizer, DataCollatorForLanguageModeling(tokenizer, mlm=False)
         metrics_kwargs = {"compute_metrics": causal_lm_compute_metrics(tokenizer),
                           "preprocess_logits_for_metrics": causal_lm_token_nll}  # fmt: skip
-        extra_modules = []
     else:
         args.data = args.data or "fashion-mnist"
         args.image_size = args.image_size or config.image_size
@@ -149,15 +133,15 @@ def main(argv=None) -> dict:
         train, validation = splits["train"], splits["validation"]
         model = build_model(args, config, family, len(labels), labels)
         collator, metrics_kwargs = common.image_collate, {"compute_metrics": accuracy_compute_metrics()}
-        extra_modules = ["classifier"]  # a new dataset's head starts fresh: train it in full
 
     lora_config = LoraConfig(
         r=args.lora_rank,
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
-        target_modules=LORA_TARGETS[family],
-        modules_to_save=([] if args.freeze_generator else cross_head_modules(model.config)) + extra_modules,
-        fan_in_fan_out=family == "gpt2",  # GPT-2's projections are Conv1D (weight stored transposed)
+        target_modules=list(family.lora_target_modules),
+        modules_to_save=([] if args.freeze_generator else cross_head_modules(model.config))
+        + list(family.task_head_modules),
+        fan_in_fan_out=family.lora_fan_in_fan_out,
         bias="none",
     )
     peft_model = get_peft_model(model, lora_config)
@@ -166,7 +150,7 @@ def main(argv=None) -> dict:
 
     trainer = Trainer(
         model=peft_model,
-        args=common.training_arguments(args, remove_unused_columns=family == "gpt2"),
+        args=common.training_arguments(args, remove_unused_columns=not family.vision),
         train_dataset=train,
         eval_dataset=validation,
         data_collator=collator,
@@ -192,10 +176,12 @@ def main(argv=None) -> dict:
 def load_adapter(base: str, adapter: str, **metric_options):
     """The trained PEFT model back from `--base` and `<output-dir>/adapter` (converting a plain base as training did)."""
     config = AutoConfig.from_pretrained(base)
-    if config.model_type == "gpt2":
-        model = damcha_hf.convert_to_damcha(GPT2LMHeadModel.from_pretrained(base), **metric_options)
+    family = family_for_model_type(config.model_type)
+    head = family.task_head
+    if config.model_type == family.model_type:
+        model = damcha_hf.convert_to_damcha(head.stock_class.from_pretrained(base), **metric_options)
     else:
-        model = AutoModelForCausalLM.from_pretrained(base, **metric_options)
+        model = getattr(transformers, head.auto_class).from_pretrained(base, **metric_options)
     return PeftModel.from_pretrained(model, adapter)
 
 

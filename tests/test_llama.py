@@ -358,3 +358,19 @@ def test_bad_configs_name_the_field(overrides, match):
 def test_a_plain_model_of_a_multi_query_checkpoint_is_allowed():
     config = tiny_damcha_llama_config(num_key_value_heads=1, cross_head_variant="none")
     assert DamchaLlamaForCausalLM(config).model.cross_head_metric is None
+
+
+def test_info_tinyllama_preset_counts_the_generator_against_stock_tinyllama(capsys):
+    from transformers import LlamaConfig
+
+    from damcha_hf.cli import main
+
+    assert main(["info", "tinyllama"]) == 0
+    printed = capsys.readouterr().out
+    shape = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                 num_attention_heads=32, num_key_value_heads=4)  # fmt: skip
+    with torch.device("meta"):
+        stock = LlamaForCausalLM(LlamaConfig(**shape)).num_parameters()
+    generator = (2048 * 64 + 64) + (64 * 4 * 4 + 4 * 4)  # d -> r -> H_kv * H_kv
+    assert f"parameters:         {stock + generator:,}" in printed
+    assert f"cross-head params:  {generator:,} (" in printed

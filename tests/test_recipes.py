@@ -281,3 +281,49 @@ def test_lora_trains_the_baselines_head_mixing_in_full(tmp_path, corpus, pretrai
     saved = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
     projections = [tensor for name, tensor in saved.items() if "cross_head_mixing" in name]
     assert projections and any(not torch.equal(tensor, torch.eye(tensor.shape[0])) for tensor in projections)
+
+
+@pytest.fixture(scope="module")
+def pretrained_llama(tmp_path_factory) -> str:
+    """A stock grouped-query Llama checkpoint folder (4 query heads, 2 key/value heads) with a byte-level tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("llama")
+    config = LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, bos_token_id=256,
+                         eos_token_id=256, pad_token_id=256)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    byte_level_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def test_lora_upgrades_a_grouped_query_llama_and_merges_exactly(tmp_path, corpus, pretrained_llama):
+    from transformers import LlamaForCausalLM
+
+    recipe = load_recipe("finetune_lora")
+    result = recipe.main([
+        "--base", pretrained_llama, "--data", corpus, "--output-dir", str(tmp_path), "--max-steps", "6",
+        "--batch-size", "8", "--block-size", "32", "--logging-steps", "1", "--eval-steps", "6",
+        "--max-eval-samples", "16", "--learning-rate", "1e-2", "--lora-rank", "4", "--metric-hidden-size", "8",
+        "--num-threads", "1", "--merge",
+    ])  # fmt: skip
+    targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    trainable = result["trainable_parameters"]
+    assert trainable and all("lora_" in name or "cross_head_metric" in name for name in trainable)
+    assert {name.split("lora_")[0].rstrip(".").rsplit(".", 1)[-1] for name in trainable if "lora_" in name} == targets
+    assert_loss_goes_down(losses(trainer_state(tmp_path / "checkpoint-6")["log_history"]))
+
+    base = LlamaForCausalLM.from_pretrained(pretrained_llama)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    assert type(merged) is damcha_hf.DamchaLlamaForCausalLM and merged.config.num_key_value_heads == 2
+    merged_weights = merged.state_dict()
+    for name, weight in base.state_dict().items():
+        changed = not torch.equal(weight, merged_weights[name])
+        assert changed == any(f".{target}." in name for target in targets), name
+    generator = merged.model.cross_head_metric.generators[0].fc_out.weight
+    assert generator.shape[0] == 2 * 2 and generator.abs().sum() > 0  # C is H_kv x H_kv, trained off zero
+
+    peft_model = recipe.load_adapter(pretrained_llama, str(tmp_path / "adapter"), metric_hidden_size=8).eval()
+    ids = torch.tensor([list(b"the quick brown fox jumps over")])
+    with torch.no_grad():
+        torch.testing.assert_close(merged.eval()(ids).logits, peft_model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)

@@ -14,7 +14,7 @@ import transformers
 from conftest import randomize_metric, tiny_damcha_gpt2_config, tiny_damcha_llama_config, tiny_damcha_vit_config
 
 import damcha_hf
-from damcha_hf.registration import AUTO_CLASS_TABLE
+from damcha_hf.families import family_of
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,14 +85,13 @@ def load_in_fresh_process(folder: Path, inputs: dict, auto_class_names: list[str
 
 
 def expected_auto_map(config_class) -> dict[str, str]:
-    """The `auto_map` a checkpoint of this family must carry: every Auto class of AUTO_CLASS_TABLE, by file name."""
-    (model_classes,) = [models for config, models in AUTO_CLASS_TABLE if config is config_class]
+    """The `auto_map` a checkpoint of this family must carry: every head of its declaration, by file name."""
 
     def reference(cls) -> str:
         return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
 
     auto_map = {"AutoConfig": reference(config_class)}
-    auto_map.update({auto_class.__name__: reference(model_class) for auto_class, model_class in model_classes})
+    auto_map.update({head.auto_class: reference(head.model_class) for head in family_of(config_class).heads})
     return auto_map
 
 

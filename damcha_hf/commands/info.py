@@ -2,14 +2,16 @@
 
 import argparse
 
+# The presets every family declares (`DamchaFamily.presets`), listed here without importing torch for `--help`.
+PRESET_HELP = (
+    "gpt2-small (default), tinyllama (TinyLlama-1.1B, GQA 32/4 heads), vit-small (ViT-S/16, 224px, 1000 classes)"
+)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("info", help="print a model's DAMCHA settings and metric-generator parameter share")
     parser.add_argument(
-        "model",
-        nargs="?",
-        default="gpt2-small",
-        help="a checkpoint folder, or a preset: gpt2-small (default), vit-small (ViT-S/16, 224px, 1000 classes)",
+        "model", nargs="?", default="gpt2-small", help=f"a checkpoint folder, or a preset: {PRESET_HELP}"
     )
     parser.add_argument(
         "--cross-head-variant",
@@ -23,19 +25,16 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModel
 
-    import damcha_hf
+    from damcha_hf.families import presets
     from damcha_hf.hub import generator_share
 
     preset_options = {"cross_head_variant": args.cross_head_variant} if args.cross_head_variant else {}
-    if args.model == "gpt2-small":
-        config = damcha_hf.DamchaGPT2Config(**preset_options)
+    preset = presets().get(args.model)
+    if preset is not None:
+        model_class, make_config = preset
+        config = make_config(**preset_options)
         with torch.device("meta"):
-            model = damcha_hf.DamchaGPT2Model(config)
-    elif args.model == "vit-small":
-        # The paper's ImageNet-1K shape, with its 1000-class head, so the share is of the model it trains.
-        config = damcha_hf.DamchaViTConfig.vit_small_patch16_224(num_labels=1000, **preset_options)
-        with torch.device("meta"):
-            model = damcha_hf.DamchaViTForImageClassification(config)
+            model = model_class(config)
     else:
         model = AutoModel.from_pretrained(args.model)
         config = model.config

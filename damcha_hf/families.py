@@ -1,0 +1,42 @@
+"""Every DAMCHA architecture the plugin ships, and lookups over their declarations (`modeling/damcha_family.py`).
+
+Registration, conversion, the Hub card, `damcha-hf info` / `inspect` and the LoRA recipe read these declarations
+instead of keeping their own per-architecture tables; adding an architecture adds one entry to `FAMILIES`.
+"""
+
+from .modeling.damcha_family import DamchaFamily, DamchaHead
+from .modeling.modeling_damcha_gpt2 import DAMCHA_FAMILY as GPT2_FAMILY
+from .modeling.modeling_damcha_llama import DAMCHA_FAMILY as LLAMA_FAMILY
+from .modeling.modeling_damcha_vit import DAMCHA_FAMILY as VIT_FAMILY
+
+FAMILIES: tuple[DamchaFamily, ...] = (GPT2_FAMILY, LLAMA_FAMILY, VIT_FAMILY)
+
+
+def family_for_model_type(model_type: str | None) -> DamchaFamily | None:
+    """The family of a stock (`"llama"`) or DAMCHA (`"damcha_llama"`) `model_type`, or None."""
+    return next((f for f in FAMILIES if model_type in (f.model_type, f.damcha_model_type)), None)
+
+
+def family_of(model_or_config) -> DamchaFamily:
+    """The family of a model or config (stock or DAMCHA); a `ValueError` listing the supported ones otherwise."""
+    config = getattr(model_or_config, "config", model_or_config)
+    model_type = getattr(config, "model_type", None)
+    family = family_for_model_type(model_type)
+    if family is None:
+        supported = ", ".join(f"{f.model_type} / {f.damcha_model_type}" for f in FAMILIES)
+        raise ValueError(f"{model_type!r} is not an architecture damcha_hf supports; supported: {supported}.")
+    return family
+
+
+def head_for_class(model_class: type) -> tuple[DamchaFamily, DamchaHead] | None:
+    """The family and head whose DAMCHA or stock class is exactly `model_class` (a subclass may add weights)."""
+    for family in FAMILIES:
+        head = family.head_of(model_class)
+        if head is not None:
+            return family, head
+    return None
+
+
+def presets() -> dict[str, tuple[type, object]]:
+    """`damcha-hf info` presets of every family: name -> (model class, config factory)."""
+    return {name: preset for family in FAMILIES for name, preset in family.presets.items()}

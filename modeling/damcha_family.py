@@ -1,0 +1,76 @@
+"""The declaration of a DAMCHA architecture ("family"): everything the plugin's services need to know about it.
+
+Each model file ends with one `DamchaFamily` (e.g. `modeling_damcha_llama.DAMCHA_FAMILY`), and registration with the
+Auto classes, conversion from the stock transformers model, the Hub card and `auto_map`, `damcha-hf info` and
+`inspect`, and the LoRA recipe all read it (`damcha_hf.families` lists them). Adding an architecture is a config file,
+a model file ending in its declaration, one line in `damcha_hf/families.py`, and tests (see CONTRIBUTING.md).
+
+Part of the remote-code payload: imports only the standard library.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DamchaHead:
+    """One DAMCHA model class of a family, the Auto class it registers with and the stock class it converts from."""
+
+    auto_class: str  # the transformers Auto class, by name: "AutoModel", "AutoModelForCausalLM", ...
+    model_class: type  # the DAMCHA class, e.g. DamchaLlamaForCausalLM
+    stock_class: type  # the transformers class whose checkpoints (and in-memory models) convert to it exactly
+    pipeline_tag: str | None = None  # the Hub card's pipeline tag of a checkpoint of this head (None: base model)
+
+
+def no_architecture_options(model) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class DamchaFamily:
+    """A DAMCHA architecture: its config, its heads, and the facts the services need.
+
+    Fields:
+        model_type: the stock transformers `model_type` it extends (`"gpt2"`, `"llama"`, `"vit"`); the DAMCHA
+            `model_type` is `config_class.model_type` (`"damcha_llama"`).
+        display_name: how a model card names it (`"Llama"`).
+        config_class: the DAMCHA config class.
+        heads: every DAMCHA model class, the base model first.
+        causal: a decoder (`metric_context="sequence"` refused, text generation, language-model data).
+        vision: takes `pixel_values` (image processor, image data) rather than `input_ids` (tokenizer, text).
+        lora_target_modules: module names LoRA adapts (the attention and MLP projections).
+        lora_fan_in_fan_out: those modules store the weight transposed (GPT-2's `Conv1D`).
+        task_head_modules: modules a new task must train in full beside LoRA (a fresh classifier).
+        architecture_options: stock model -> constructor keyword arguments that decide which weights exist (ViT's
+            pooler and mask token), so the converted model has exactly the source's weights.
+        presets: name -> (head class, config factory) for `damcha-hf info` (the architecture at a real size).
+    """
+
+    model_type: str
+    display_name: str
+    config_class: type
+    heads: tuple[DamchaHead, ...]
+    causal: bool
+    vision: bool
+    lora_target_modules: tuple[str, ...]
+    lora_fan_in_fan_out: bool = False
+    task_head_modules: tuple[str, ...] = ()
+    architecture_options: Callable[[object], dict] = no_architecture_options
+    presets: dict[str, tuple[type, Callable[..., object]]] = field(default_factory=dict)
+
+    @property
+    def damcha_model_type(self) -> str:
+        return self.config_class.model_type
+
+    def head_for_auto_class(self, auto_class: str) -> DamchaHead | None:
+        return next((head for head in self.heads if head.auto_class == auto_class), None)
+
+    def head_of(self, model_class: type) -> DamchaHead | None:
+        """The head whose DAMCHA or stock class is exactly `model_class`."""
+        return next((head for head in self.heads if model_class in (head.model_class, head.stock_class)), None)
+
+    @property
+    def task_head(self) -> DamchaHead:
+        """The head the recipes train: the language model of a causal family, else the first head with a task."""
+        preferred = "AutoModelForCausalLM" if self.causal else "AutoModelForImageClassification"
+        return self.head_for_auto_class(preferred) or next(head for head in self.heads if head.pipeline_tag)

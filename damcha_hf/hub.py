@@ -27,7 +27,6 @@ import math
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,10 +34,20 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
 
 from .metric_map import MetricMap, is_vision_model, write_metric_map
+from .safe_files import (
+    CARD_FILE,
+    CONFIG_FILES,
+    LOSS_CURVE_FILE,
+    METRIC_HEATMAP_FILE,
+    PREPROCESSOR_FILES,
+    apply_umask,
+    atomic_path,
+    atomic_write,
+    check_checkpoint_folder,
+    make_staging_folder,
+    public_dataset_name,
+)
 
-CARD_FILE = "README.md"
-LOSS_CURVE_FILE = "loss_curve.png"
-METRIC_HEATMAP_FILE = "metric_heatmap.png"
 # Stands for the repository id in a card written before the repository is known; `push_checkpoint` fills it in.
 REPO_PLACEHOLDER = "your-name/your-damcha-model"
 
@@ -58,23 +67,6 @@ PIPELINE_TAGS = (
     ("ForImageClassification", "image-classification", "AutoModelForImageClassification"),
 )
 
-# Files a Hub checkpoint may hold besides the weights, the code (from `auto_map`), the card and its images.
-CONFIG_FILES = ("config.json", "generation_config.json")
-PREPROCESSOR_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "vocab.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-    "preprocessor_config.json",
-    "image_processor_config.json",
-    "processor_config.json",
-)
 TEXT_SUFFIXES = (".json", ".md", ".py", ".txt", ".jinja")
 # Trainer log entries that are bookkeeping, not results.
 NON_METRIC_KEYS = ("runtime", "samples_per_second", "steps_per_second", "epoch", "step", "model_preparation_time")
@@ -215,14 +207,11 @@ def write_loss_curve(log_history, path: str | os.PathLike) -> bool:
     axis.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp")
     try:
-        figure.savefig(temporary, format="png", dpi=110)
-        os.replace(temporary, path)
+        with atomic_path(path) as temporary:
+            figure.savefig(temporary, format="png", dpi=110)
     finally:
         plt.close(figure)
-        temporary.unlink(missing_ok=True)
     return True
 
 
@@ -281,7 +270,8 @@ def build_model_card(
         log_history: a `Trainer`'s `state.log_history` (or a trainer_state.json path): training details, a results
             table and, unless `eval_results` is given, the evaluation results.
         base_model: Hub id of the MHA checkpoint this model was converted from.
-        datasets: Hub ids of the training data; the first also names the evaluation data in `model-index`.
+        datasets: Hub ids of the training data; the first also names the evaluation data in `model-index`. A local
+            path is reduced to its base name (see `damcha_hf.safe_files.public_dataset_name`).
         eval_results: `{"loss": 2.3, "accuracy": 0.81}` (an `eval_` prefix is dropped); overrides the log's.
         images: relative paths of images written next to the card: `{"loss_curve": ..., "metric_heatmap": ...}`.
             `save_hub_checkpoint` writes both and fills this in.
@@ -295,6 +285,8 @@ def build_model_card(
     if base_model is not None:
         check_hub_id("base_model", base_model)
     datasets = [datasets] if isinstance(datasets, str) else list(datasets or [])
+    # A dataset given as a local path is named by its base name (or left out): the card is meant to be published.
+    datasets = [name for name in map(public_dataset_name, datasets) if name]
     config = model.config
     family = model_family(model)
     pipeline_tag, auto_class = pipeline_tag_and_auto_class(model)
@@ -532,6 +524,7 @@ def save_hub_checkpoint(
     eval_results: Mapping[str, float] | None = None,
     model_name: str | None = None,
     overwrite: bool = False,
+    extra_files: Mapping[str, str | bytes] | None = None,
 ) -> Path:
     """Write a complete Hub checkpoint of `model` into `folder`, atomically, and return `folder`.
 
@@ -545,8 +538,12 @@ def save_hub_checkpoint(
         log_history, base_model, datasets, license, eval_results, model_name: see `build_model_card`.
         heatmap_inputs: inputs for the metric heatmap (`damcha_hf.metric_map.compute_metric_map` accepts a tensor,
             a dict of model inputs, a list of them, or texts); None uses a built-in sample.
-        overwrite: replace an existing non-empty `folder` as a whole. Do not point this at a Trainer `output_dir`
-            holding checkpoints you want to keep: use a subfolder such as `output_dir/"hub"`.
+        overwrite: replace an existing `folder` that holds an earlier checkpoint of this plugin (a `damcha_*`
+            config.json and only files a save writes). A folder holding anything else (a Trainer `output_dir`, your
+            own files), the current folder, its parents and the home folder are never replaced: `UnsafeOutputError`
+            (an `OSError`) is raised before anything is written. Use a subfolder such as `output_dir/"hub"`.
+        extra_files: `{file name: text or bytes}` written beside the checkpoint in the same atomic step (e.g. a
+            run's results); they count as files the save writes when the folder is replaced later.
 
     Everything is written into a temporary folder beside `folder` and renamed into place, so `folder` is never
     left half-written.
@@ -558,18 +555,19 @@ def save_hub_checkpoint(
             f"save_hub_checkpoint needs a transformers PreTrainedModel, got {type(model).__name__}; unwrap it first "
             "(`accelerator.unwrap_model(model)`, or `model.merge_and_unload()` for a PEFT model)."
         )
-    folder = Path(folder).absolute()
-    if folder.exists() and (not folder.is_dir() or (any(folder.iterdir()) and not overwrite)):
-        raise FileExistsError(
-            f"{folder} exists and is not empty; pass overwrite=True to replace it, or choose a new folder."
-        )
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
+    extra_files = dict(extra_files or {})
+    for name in extra_files:
+        if name != os.path.basename(name) or name in ("", ".", "..") or name in CONFIG_FILES:
+            raise ValueError(f"extra_files: {name!r} must be a plain file name, not a path or a config file.")
+    folder = check_checkpoint_folder(
+        folder, argument="save_hub_checkpoint folder", replace=overwrite, also_written=extra_files
+    )
+    staging = make_staging_folder(folder)
     try:
         model.save_pretrained(staging)
         config, changed = completed_config(staging)
         if changed:
-            (staging / "config.json").write_bytes(config_json_bytes(config))
+            atomic_write(staging / "config.json", config_json_bytes(config))
         if tokenizer_or_processor is not None:
             tokenizer_or_processor.save_pretrained(staging)
         images = {}
@@ -594,40 +592,90 @@ def save_hub_checkpoint(
             model_name=model_name,
             has_preprocessor=tokenizer_or_processor is not None,
         )
-        (staging / CARD_FILE).write_text(str(card), encoding="utf-8")
+        atomic_write(staging / CARD_FILE, str(card))
+        for name, content in extra_files.items():
+            atomic_write(staging / name, content)
         check_no_local_paths(staging, upload_plan(staging).values(), extra=[folder])
-        replace_folder(staging, folder)
+        apply_umask(staging)
+        replace_folder(staging, folder, overwrite=overwrite, also_written=extra_files)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return folder
 
 
-def replace_folder(new: Path, target: Path) -> None:
-    """Rename `new` to `target`, moving an existing `target` aside first and deleting it after."""
-    if not target.exists():
+def replace_folder(new: Path, target: Path, *, overwrite: bool, also_written: Iterable[str] = ()) -> None:
+    """Rename `new` to `target`. An existing `target` is checked again (it may have changed during the save: only an
+    earlier checkpoint of this plugin is replaced), moved aside, and deleted once `new` is in place."""
+    if target.exists():
+        check_checkpoint_folder(
+            target, argument="save_hub_checkpoint folder", replace=overwrite, also_written=also_written
+        )
+    if not target.exists() or not any(target.iterdir()):
+        if target.is_dir():
+            target.rmdir()
         os.replace(new, target)
         return
-    old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-"))
-    os.replace(target, old / target.name)
+    old = _aside_name(target)
+    os.replace(target, old)
     os.replace(new, target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _aside_name(target: Path) -> Path:
+    return target.with_name(f".{target.name}.old-{os.getpid()}-{os.urandom(4).hex()}")
 
 
 # ---------------------------------------------------------------------------------------------------------- pushing
 
 
+def auto_map_module(key: str, reference) -> str | None:
+    """The module file an `auto_map` reference names (`"modeling_damcha_gpt2.DamchaGPT2Model"` ->
+    `"modeling_damcha_gpt2"`); None for code in another Hub repository (`"owner/repo--module.Class"`), which is
+    not a file of this folder. Anything but a plain module name (an absolute path, `..`, a folder) is refused: a push
+    must never read a file outside the checkpoint folder."""
+    if not isinstance(reference, str):
+        return None  # e.g. a tokenizer's [slow, fast] pair: not code of this folder
+    if "--" in reference:
+        return None
+    module, _, class_name = reference.rpartition(".")
+    if not module.isidentifier() or not class_name.isidentifier():
+        raise HubPushError(
+            f"config.json's auto_map[{key!r}] = {reference!r} is not `module.Class` with a plain module name of a "
+            "file in the checkpoint folder; re-save the model with `save_pretrained` after `import damcha_hf`, "
+            "which writes a clean auto_map."
+        )
+    return module
+
+
+def checked_file(folder: Path, name: str) -> Path | None:
+    """`folder/name` when it is a regular file inside `folder` (a symbolic link may point only at another file of the
+    folder); None when it does not exist. Raises `HubPushError` for a link leaving the folder or a non-file."""
+    path = folder / name
+    if not path.exists() and not path.is_symlink():
+        return None
+    resolved = path.resolve()
+    if path.is_symlink() and resolved.parent != folder.resolve():
+        raise HubPushError(
+            f"{name} in {folder} is a symbolic link to {resolved}, outside the checkpoint folder; replace it with the "
+            "file itself (a push uploads only files inside the folder)."
+        )
+    if not resolved.is_file():
+        raise HubPushError(f"{name} in {folder} is not a regular file; remove it or replace it with the file.")
+    return path
+
+
 def auto_map_code_files(folder: Path, auto_map: Mapping) -> list[str]:
     """The Python files `auto_map` names, plus everything they import with single-dot relative imports."""
-    pending = [reference.split("--")[-1].split(".")[0] for reference in auto_map.values() if isinstance(reference, str)]
+    pending = [module for key, reference in auto_map.items() if (module := auto_map_module(key, reference))]
     seen: list[str] = []
     while pending:
         module = pending.pop()
         name = f"{module}.py"
         if name in seen:
             continue
-        path = folder / name
-        if not path.is_file():
+        path = checked_file(folder, name)
+        if path is None:
             raise HubPushError(
                 f"{folder}: config.json's auto_map needs {name}, which is missing; re-save the model with "
                 "`save_pretrained` (or `damcha_hf.hub.save_hub_checkpoint`) after `import damcha_hf`."
@@ -635,8 +683,24 @@ def auto_map_code_files(folder: Path, auto_map: Mapping) -> list[str]:
         seen.append(name)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                if not node.module.isidentifier():  # `from .pkg.mod import x`: not a file of this folder
+                    raise HubPushError(f"{name} imports `.{node.module}`, which is not a file of {folder}.")
                 pending.append(node.module)
     return sorted(seen)
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".svg", ".webp")
+
+
+def card_images(card_text: str) -> list[str]:
+    """Image links of the card that name a file of its folder (`![alt](loss_curve.png)`); URLs, paths and other
+    links are not followed."""
+    names = []
+    for link in IMAGE_LINK.findall(card_text):
+        plain = link == os.path.basename(link) and "\\" not in link and ":" not in link and link not in (".", "..")
+        if plain and link.lower().endswith(IMAGE_SUFFIXES):
+            names.append(link)
+    return names
 
 
 IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
@@ -658,11 +722,13 @@ def family_auto_map(model_type: str) -> dict[str, str]:
 
 
 def completed_config(folder: Path) -> tuple[dict, bool]:
-    """`config.json` with `auto_map` listing the whole family (a checkpoint of one head then loads with every Auto
-    class under remote code, whichever class saved it); and whether that changed it."""
+    """`config.json` with `auto_map` listing exactly the model family's classes (a checkpoint of one head then loads
+    with every Auto class under remote code, whichever class saved it; entries naming other code, e.g. carried over
+    from a downloaded checkpoint, are dropped); and whether that changed it."""
     config = json.loads((folder / "config.json").read_text())
     auto_map = config.get("auto_map") or {}
-    completed = {**family_auto_map(config.get("model_type", "")), **auto_map} if auto_map else auto_map
+    family = family_auto_map(config.get("model_type", ""))
+    completed = (family or auto_map) if auto_map else auto_map
     changed = completed != auto_map
     config["auto_map"] = completed
     return config, changed
@@ -678,11 +744,15 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
     Raises `HubPushError` when the folder is not a complete safetensors checkpoint with its code.
     """
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
+    if not folder.is_dir():
+        raise HubPushError(
+            f"{folder} is not a folder: pass a folder written by save_pretrained or save_hub_checkpoint."
+        )
+    if checked_file(folder, "config.json") is None:
         raise HubPushError(
             f"{folder} has no config.json: pass a folder written by save_pretrained or save_hub_checkpoint."
         )
-    weights = sorted(path.name for path in folder.glob("*.safetensors"))
+    weights = sorted(path.name for path in folder.glob("*.safetensors") if checked_file(folder, path.name))
     if not weights:
         legacy = [path.name for path in folder.glob("*.bin") if path.name.startswith("pytorch_model")]
         hint = f" (found {', '.join(legacy)}: pickled weights are not uploaded)" if legacy else ""
@@ -690,6 +760,9 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
             f"{folder} has no safetensors weights{hint}; re-save with `model.save_pretrained(folder)`, which writes "
             "model.safetensors."
         )
+    saved_auto_map = json.loads((folder / "config.json").read_text()).get("auto_map") or {}
+    for key, reference in saved_auto_map.items():  # refuse absolute or `..` references, even those the push drops
+        auto_map_module(key, reference)
     config, _ = completed_config(folder)
     if not config.get("auto_map"):
         raise HubPushError(
@@ -698,12 +771,15 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
         )
     names = list(CONFIG_FILES) + weights + [path.name for path in folder.glob("*.safetensors.index.json")]
     names += auto_map_code_files(folder, config["auto_map"]) + list(PREPROCESSOR_FILES)
-    if (folder / CARD_FILE).is_file():
-        names.append(CARD_FILE)
-        for link in IMAGE_LINK.findall((folder / CARD_FILE).read_text(encoding="utf-8")):
-            if "/" not in link and ":" not in link:  # a file of this folder, not a URL or a path elsewhere
-                names.append(link)
-    return {name: folder / name for name in dict.fromkeys(names) if (folder / name).is_file()}
+    card = checked_file(folder, CARD_FILE)
+    if card is not None:
+        names += [CARD_FILE, *card_images(card.read_text(encoding="utf-8"))]
+    plan = {}
+    for name in dict.fromkeys(names):
+        path = checked_file(folder, name)
+        if path is not None:
+            plan[name] = path
+    return plan
 
 
 def local_path_markers(folder: Path, extra: Iterable[Path] = ()) -> list[str]:
@@ -790,12 +866,19 @@ def push_checkpoint(
             content = config_json_bytes(config) if changed else content
         operations.append(CommitOperationAdd(path_in_repo=path_in_repo, path_or_fileobj=content))
     api = HfApi(token=token)
-    repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
-    if revision:
-        api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
-    commit = api.create_commit(
-        repo_id, operations=operations, commit_message=commit_message, revision=revision, repo_type="model"
-    )
+    try:
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
+        if revision:
+            api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+        commit = api.create_commit(
+            repo_id, operations=operations, commit_message=commit_message, revision=revision, repo_type="model"
+        )
+    except Exception as error:  # network, authentication, permission: one line, without the token
+        message = " ".join(str(error).split()).replace(token, "<token>") or type(error).__name__
+        raise HubPushError(
+            f"pushing to {repo_id} failed ({type(error).__name__}): {message[:300]}. Check the network, that the "
+            "token has write access to the repository, and try again."
+        ) from None
     return commit.commit_url
 
 

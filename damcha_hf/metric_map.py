@@ -20,7 +20,6 @@ Usage:
 from __future__ import annotations
 
 import os
-import tempfile
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from .safe_files import atomic_path
 
 METRIC_MODULE_NAME = "CrossHeadMetric"  # matched by name: remote-code models define their own copy of the class
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
@@ -102,11 +103,18 @@ def text_inputs(model, texts: Sequence[str], tokenizer=None, max_tokens: int = D
     return inputs
 
 
+def image_height_width(config) -> tuple[int, int]:
+    """A ViT config's `image_size` as (height, width): an int means a square image."""
+    size = config.image_size
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
 def random_image_inputs(model, count: int = 4, seed: int = 0) -> list[dict]:
     """Random pixel values of the configured image size, normalised like ImageNet inputs (mean 0, std 1)."""
     config = model.config
     generator = torch.Generator().manual_seed(seed)
-    shape = (count, config.num_channels, config.image_size, config.image_size)
+    height, width = image_height_width(config)
+    shape = (count, config.num_channels, height, width)
     return [{"pixel_values": torch.randn(shape, generator=generator)}]
 
 
@@ -122,9 +130,9 @@ def image_folder_inputs(model, folder: Path, image_processor=None, limit: int = 
     images = [Image.open(path).convert(mode) for path in paths]
     if image_processor is not None:
         return [{"pixel_values": image_processor(images=images, return_tensors="pt")["pixel_values"]}]
-    size = config.image_size
+    height, width = image_height_width(config)
     pixels = torch.stack(
-        [torch.from_numpy(np.array(image.resize((size, size)), dtype=np.float32)) for image in images]
+        [torch.from_numpy(np.array(image.resize((width, height)), dtype=np.float32)) for image in images]
     )  # (n, size, size) or (n, size, size, 3)
     pixels = pixels.unsqueeze(1) if pixels.ndim == 3 else pixels.permute(0, 3, 1, 2)
     return [{"pixel_values": pixels / 127.5 - 1.0}]  # [0, 255] -> [-1, 1], ViT's usual normalisation
@@ -241,16 +249,11 @@ def plot_metric_map(metric_map: MetricMap, path: str | os.PathLike, *, title: st
     figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label=label)
     figure.suptitle(title or "DAMCHA cross-head matrix C (mean over tokens)", fontsize=10)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(descriptor)
     try:
-        figure.savefig(temporary, format="png", dpi=110)
-        os.replace(temporary, path)
+        with atomic_path(path) as temporary:
+            figure.savefig(temporary, format="png", dpi=110)
     finally:
         plt.close(figure)
-        if os.path.exists(temporary):
-            os.remove(temporary)
     metric_map.panels, metric_map.path = panels, path
     return panels
 

@@ -31,7 +31,11 @@ class DamchaGPT2Config(GPT2Config):
         check_source_model_type(cls, config_dict.get("model_type"), base_model_type="gpt2")
         # A converted GPT-2 config must be saved as `damcha_gpt2`, so the source's model_type is not carried over.
         config_dict = {key: value for key, value in config_dict.items() if key != "model_type"}
-        return super().from_dict(config_dict, **kwargs)
+        result = super().from_dict(config_dict, **kwargs)
+        # transformers sets the keyword overrides (`from_pretrained(folder, metric_context=...)`) after validating
+        # the config: validate again, so that an override is checked like a constructor argument.
+        (result[0] if isinstance(result, tuple) else result).validate()
+        return result
 
 
 DamchaGPT2Config.__doc__ += METRIC_OPTIONS_DOCSTRING

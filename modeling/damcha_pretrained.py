@@ -26,6 +26,14 @@ class DamchaPreTrainedMixin:
     _supports_flash_attn = False
     _supports_flex_attn = False
 
+    def __init__(self, config, *inputs, **kwargs):
+        # A config is validated when it is created, but fields set afterwards (`config.metric_context = ...`) and
+        # `from_pretrained(..., metric_context=...)` overrides are not: check it again before building any layer, so
+        # that e.g. a causal model never runs with metric_context="sequence".
+        if hasattr(config, "validate"):
+            config.validate()
+        super().__init__(config, *inputs, **kwargs)
+
     def _init_weights(self, module):
         super()._init_weights(module)
         init_cross_head_weights(module, std=self.config.initializer_range)
@@ -52,5 +60,7 @@ class DamchaPreTrainedMixin:
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         if self.is_remote_code():  # registered for remote code: the model files are copied next to the weights
-            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **self.family_auto_map()}
+            # Exactly this family's classes: entries naming other code (e.g. carried over from a downloaded
+            # checkpoint's config) are dropped, since that code is not saved with the weights.
+            self.config.auto_map = self.family_auto_map()
         return super().save_pretrained(save_directory, *args, **kwargs)

@@ -1,50 +1,61 @@
 """Code shared by the recipes in this folder: command-line options, model configs, resuming and saving.
 
 Copy this file along with the recipe you copy. Data loading lives in `damcha_hf.data`, metrics in `damcha_hf.metrics`.
+
+Parsing imports only the standard library (the recipes import torch, transformers and damcha_hf after it), so
+`--help` is instant and a bad argument or output folder fails at once, before any data is loaded. Errors end a recipe
+with one line on stderr and exit code 2; `--debug` or `DAMCHA_HF_DEBUG=1` shows the traceback (`run_recipe`).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
-import shutil
-import tempfile
+import sys
+from typing import TYPE_CHECKING
 
-import torch
+from damcha_hf_cli import light_import
 
-import damcha_hf
-from damcha_hf.modeling.damcha_options import METRIC_CONTEXTS, METRIC_MASKS, METRIC_SHARINGS
+if TYPE_CHECKING:
+    import torch
+
+checks = light_import("damcha_hf.argument_checks")
+safe_files = light_import("damcha_hf.safe_files")
+options = light_import("damcha_hf.modeling.damcha_options")
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
+# What a recipe writes directly in --output-dir: Trainer / Accelerate checkpoints, the final model, the results.
+RUN_FOLDER_ENTRIES = ("checkpoint-*", "final", "eval_results.json", "adapter", "merged", "parameter_sha256_rank*.txt")
+RUN_FOLDER_CHECKPOINTS = ("final", "merged")  # replaced as a whole by the final save
 
 
-def config_has_field(config_class, field: str) -> bool:
-    """Whether the config class declares `field` (e.g. `cross_head_variant`, which only some versions have)."""
-    return hasattr(config_class, field) or field in getattr(config_class, "__annotations__", {})
-
-
-def add_metric_arguments(parser: argparse.ArgumentParser, config_class) -> None:
+def add_metric_arguments(parser: argparse.ArgumentParser) -> None:
     """Every metric option of a DAMCHA config, as `--metric-*` flags (defaults: the config's own)."""
     group = parser.add_argument_group("DAMCHA metric (defaults: the config's)")
-    group.add_argument("--metric-context", choices=METRIC_CONTEXTS, help="what the cross-head matrix C depends on")
-    group.add_argument("--metric-mask", choices=METRIC_MASKS, help="the paper's ablation: full, diagonal, offdiagonal")
-    group.add_argument("--metric-sharing", choices=METRIC_SHARINGS, help="one generator per stack or per layer")
-    group.add_argument("--metric-hidden-size", type=int, help="hidden width r of the metric generator MLP")
-    if config_has_field(config_class, "cross_head_variant"):
-        group.add_argument(
-            "--cross-head-variant",
-            help="attention variant: damcha, talking_heads, dcmha, or none (plain multi-head attention)",
-        )
+    group.add_argument("--metric-context", choices=options.METRIC_CONTEXTS, help="what the cross-head matrix C "
+                       "depends on")  # fmt: skip
+    group.add_argument("--metric-mask", choices=options.METRIC_MASKS, help="the paper's ablation: full, diagonal, "
+                       "offdiagonal")  # fmt: skip
+    group.add_argument("--metric-sharing", choices=options.METRIC_SHARINGS, help="one generator per stack or per layer")
+    group.add_argument("--metric-hidden-size", type=checks.positive_int, help="hidden width r of the metric generator")
+    group.add_argument(
+        "--cross-head-variant",
+        choices=options.CROSS_HEAD_VARIANTS,
+        help="attention variant: damcha, talking_heads, dcmha, or none (plain multi-head attention)",
+    )
     group.add_argument(
         "--attn", choices=ATTENTION_IMPLEMENTATIONS, default="sdpa", help="attention implementation (default: sdpa)"
     )
 
 
+METRIC_FIELDS = ("metric_context", "metric_mask", "metric_sharing", "metric_hidden_size", "cross_head_variant")
+
+
 def metric_options(args: argparse.Namespace) -> dict:
     """The metric fields set on the command line, as config keyword arguments."""
-    fields = ("metric_context", "metric_mask", "metric_sharing", "metric_hidden_size", "cross_head_variant")
-    return {field: getattr(args, field) for field in fields if getattr(args, field, None) is not None}
+    return {field: getattr(args, field) for field in METRIC_FIELDS if getattr(args, field, None) is not None}
 
 
 def add_training_arguments(
@@ -52,33 +63,120 @@ def add_training_arguments(
 ) -> None:
     group = parser.add_argument_group("training")
     group.add_argument(
-        "--output-dir", default=output_dir, help=f"checkpoints and the final model (default: {output_dir})"
+        "--output-dir",
+        default=output_dir,
+        help=f"checkpoints and the final model (default: {output_dir}): a new or empty folder, or an earlier run's; "
+        "a folder holding other files is refused",
     )
-    group.add_argument("--max-steps", type=int, default=max_steps, help=f"optimizer steps (default: {max_steps})")
-    group.add_argument("--max-train-samples", type=int, help="use only this many training examples (blocks/images)")
-    group.add_argument("--max-eval-samples", type=int, default=256, help="evaluate on at most this many (default: 256)")
-    group.add_argument("--batch-size", type=int, default=batch_size, help=f"per device (default: {batch_size})")
-    group.add_argument("--gradient-accumulation-steps", type=int, default=1)
-    group.add_argument("--learning-rate", type=float, default=learning_rate, help=f"peak (default: {learning_rate})")
-    group.add_argument("--weight-decay", type=float, default=0.01)
-    group.add_argument("--warmup-steps", type=int, default=None, help="linear warm-up (default: 5%% of max steps)")
-    group.add_argument("--logging-steps", type=int, default=10)
-    group.add_argument("--eval-steps", type=int, default=None, help="evaluate every N steps (default: 4 times a run)")
-    group.add_argument("--save-steps", type=int, default=None, help="checkpoint every N steps (default: = eval steps)")
-    group.add_argument("--save-total-limit", type=int, default=2, help="keep at most this many checkpoints")
+    group.add_argument("--max-steps", type=checks.positive_int, default=max_steps,
+                       help=f"optimizer steps (default: {max_steps})")  # fmt: skip
+    group.add_argument("--max-train-samples", type=checks.positive_int,
+                       help="use only this many training examples (blocks/images)")  # fmt: skip
+    group.add_argument("--max-eval-samples", type=checks.positive_int, default=256,
+                       help="evaluate on at most this many (default: 256)")  # fmt: skip
+    group.add_argument("--batch-size", type=checks.positive_int, default=batch_size,
+                       help=f"per device (default: {batch_size})")  # fmt: skip
+    group.add_argument("--gradient-accumulation-steps", type=checks.positive_int, default=1)
+    group.add_argument("--learning-rate", type=checks.positive_float, default=learning_rate,
+                       help=f"peak (default: {learning_rate})")  # fmt: skip
+    group.add_argument("--weight-decay", type=checks.non_negative_float, default=0.01)
+    group.add_argument("--warmup-steps", type=checks.non_negative_int, default=None,
+                       help="linear warm-up (default: 5%% of max steps)")  # fmt: skip
+    group.add_argument("--logging-steps", type=checks.positive_int, default=10)
+    group.add_argument("--eval-steps", type=checks.positive_int, default=None,
+                       help="evaluate every N steps (default: 4 times a run)")  # fmt: skip
+    group.add_argument("--save-steps", type=checks.positive_int, default=None,
+                       help="checkpoint every N steps (default: = eval steps)")  # fmt: skip
+    group.add_argument("--save-total-limit", type=checks.positive_int, default=2,
+                       help="keep at most this many checkpoints")  # fmt: skip
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--bf16", action="store_true", help="bf16 mixed precision")
     group.add_argument(
         "--resume",
         nargs="?",
         const="latest",
-        help="resume from a checkpoint folder, or (bare `--resume`) from the latest checkpoint in --output-dir",
+        help="resume from a checkpoint folder, or (bare `--resume`) from the latest checkpoint in --output-dir. The "
+        "model settings saved with the checkpoint win: a model flag (size, --metric-*, --cross-head-variant) left "
+        "out takes the checkpoint's value, and one given with a different value is refused, naming every such flag",
     )
-    group.add_argument("--num-threads", type=int, help="torch CPU threads (default: torch's choice)")
+    group.add_argument("--num-threads", type=checks.positive_int, help="torch CPU threads (default: torch's choice)")
+    group.add_argument("--debug", action="store_true", help="on an error, show the traceback, not one line")
+
+
+def parse_checked(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """`parser.parse_args`, then the checks that need several arguments or the disk, as argparse errors (one line,
+    exit code 2): --output-dir may be written (`safe_files.check_run_folder`), and `args.explicit` records the flags
+    given on the command line (for `check_resume_settings`)."""
+    args = parser.parse_args(argv)
+    args.explicit = explicit_destinations(parser, argv)
+    if getattr(args, "resume", None) not in (None, "latest") and not os.path.isdir(args.resume):
+        parser.error(f"--resume {args.resume}: no such checkpoint folder")
+    checks.check_output(parser, safe_files.check_run_folder, args.output_dir, argument="--output-dir",
+                        written=RUN_FOLDER_ENTRIES, checkpoints=RUN_FOLDER_CHECKPOINTS)  # fmt: skip
+    return args
+
+
+def explicit_destinations(parser: argparse.ArgumentParser, argv=None) -> set[str]:
+    """The `dest` of every option given on the command line (not left at its default)."""
+    bare = copy.deepcopy(parser)
+    for action in bare._actions:
+        action.default = argparse.SUPPRESS
+    namespace, _ = bare.parse_known_args(argv)
+    return set(vars(namespace))
+
+
+def check_resume_settings(args: argparse.Namespace, resume: str | None, flags: dict[str, str], saved: dict) -> None:
+    """On resume, the checkpoint's model settings win: fill in each model flag left out from `saved` (the
+    checkpoint's config), and refuse flags given with other values, naming every one.
+
+    `flags`: `{argument dest: config field}`, e.g. `{"n_layer": "n_layer", "metric_context": "metric_context"}`.
+    """
+    if not resume:
+        return
+    differing = []
+    for dest, field in flags.items():
+        if field not in saved:
+            continue
+        if dest in args.explicit and getattr(args, dest) != saved[field]:
+            flag = "--" + dest.replace("_", "-")
+            differing.append(f"{flag} {getattr(args, dest)} (the checkpoint has {saved[field]})")
+        else:
+            setattr(args, dest, saved[field])
+    if differing:
+        raise ValueError(
+            f"--resume {resume}: the checkpoint was trained with other model settings: {'; '.join(differing)}. "
+            "Leave these flags out (the checkpoint's values are used), or start a new run in another --output-dir."
+        )
+
+
+def saved_model_config(checkpoint: str) -> dict:
+    """The model config saved in a checkpoint folder: its `config.json`, or the `model_config` of an Accelerate
+    recipe's loop state. Empty when neither is there."""
+    for name, key in (("config.json", None), ("loop_state.json", "model_config")):
+        path = os.path.join(checkpoint, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as handle:
+                data = json.load(handle)
+            data = data.get(key, {}) if key else data
+            if data:
+                return data
+    return {}
+
+
+def run_recipe(main) -> None:
+    """`sys.exit(main())` for a recipe's `__main__`: its errors become one line on stderr and exit code 2."""
+    cli = light_import("damcha_hf.cli")
+
+    def run() -> int:
+        main()  # returns the results, not an exit code
+        return 0
+
+    sys.exit(cli.run_guarded(os.path.basename(sys.argv[0]), run, debug=cli.debug_requested()))
 
 
 def training_arguments(args: argparse.Namespace, **overrides):
     """`TrainingArguments` from the shared options."""
+    import torch
     from transformers import TrainingArguments
 
     if args.num_threads:
@@ -144,6 +242,8 @@ def gpt2_config(args: argparse.Namespace, vocab_size: int, tokenizer=None):
     """A DAMCHA (or, with `--model-type gpt2`, plain) GPT-2 config from the size and metric options."""
     from transformers import GPT2Config
 
+    import damcha_hf
+
     sizes = {
         "vocab_size": vocab_size,
         "n_positions": args.block_size,
@@ -169,11 +269,17 @@ def add_gpt2_size_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model size (new models)")
     group.add_argument("--model-type", choices=("damcha", "gpt2"), default="damcha",
                        help="damcha (default) or gpt2 (plain multi-head attention, the baseline)")  # fmt: skip
-    group.add_argument("--n-layer", type=int, default=4)
-    group.add_argument("--n-embd", type=int, default=128)
-    group.add_argument("--n-head", type=int, default=8)
-    group.add_argument("--block-size", type=int, default=128, help="context length in tokens (default: 128)")
-    group.add_argument("--dropout", type=float, default=0.0)
+    group.add_argument("--n-layer", type=checks.positive_int, default=4)
+    group.add_argument("--n-embd", type=checks.positive_int, default=128)
+    group.add_argument("--n-head", type=checks.positive_int, default=8, help="must divide --n-embd (default: 8)")
+    group.add_argument("--block-size", type=checks.positive_int, default=128,
+                       help="context length in tokens (default: 128)")  # fmt: skip
+    group.add_argument("--dropout", type=checks.probability, default=0.0)
+
+
+# Flags of a new GPT-2 model and the config fields they set: checked against the checkpoint on --resume.
+GPT2_MODEL_FLAGS = {"n_layer": "n_layer", "n_embd": "n_embd", "n_head": "n_head", "block_size": "n_positions",
+                    **{field: field for field in METRIC_FIELDS}}  # fmt: skip
 
 
 def add_text_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -181,16 +287,17 @@ def add_text_data_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--data",
         default="stdlib",
+        type=checks.text_data_source,
         help="a text file, folder of .txt files, glob, 'stdlib' (Python's standard library sources; default) or "
         "'gcide' (the GCIDE dictionary)",
     )
     group.add_argument("--file-pattern", default="**/*.txt", help="files to read in a --data folder")
-    group.add_argument("--max-data-bytes", type=int, help="read only about this many bytes of text")
-    group.add_argument("--validation-fraction", type=float, default=0.05)
+    group.add_argument("--max-data-bytes", type=checks.positive_int, help="read only about this many bytes of text")
+    group.add_argument("--validation-fraction", type=checks.probability, default=0.05)
     group.add_argument("--tokenizer", default="byte",
                        help="'byte' (default; bits per byte = bits per token), 'bpe' (trained here), "
                        "or a saved tokenizer folder")  # fmt: skip
-    group.add_argument("--bpe-vocab-size", type=int, default=4096)
+    group.add_argument("--bpe-vocab-size", type=checks.positive_int, default=4096)
 
 
 def build_tokenizer(args: argparse.Namespace, corpus):
@@ -228,48 +335,31 @@ def language_model_data(args: argparse.Namespace, tokenizer, corpus=None):
 
 
 def save_final_model(model, folder: str, *, tokenizer_or_processor=None, log_history=None, **card_fields) -> str:
-    """Save a Hub-ready checkpoint to `folder` (via `damcha_hf.hub.save_hub_checkpoint` when the package has it:
-    weights, config, code, tokenizer or processor, model card, loss curve, metric heatmap). Written to a temporary
-    folder first and renamed into place, so an interrupted save never leaves a half-written checkpoint."""
-    try:
-        from damcha_hf.hub import save_hub_checkpoint
-    except ImportError:
-        save_hub_checkpoint = None
-    if save_hub_checkpoint is not None:
-        save_hub_checkpoint(
-            model,
-            folder,
-            tokenizer_or_processor=tokenizer_or_processor,
-            log_history=log_history,
-            overwrite=True,
-            **card_fields,
-        )
-        return folder
-    parent = os.path.dirname(os.path.abspath(folder))
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".saving-", dir=parent)
-    model.save_pretrained(staging)
-    if tokenizer_or_processor is not None:
-        tokenizer_or_processor.save_pretrained(staging)
-    if log_history is not None:
-        with open(os.path.join(staging, "log_history.json"), "w") as handle:
-            json.dump(log_history, handle, indent=1)
-    replaced = None
-    if os.path.exists(folder):
-        replaced = tempfile.mkdtemp(prefix=".replaced-", dir=parent)
-        os.replace(folder, os.path.join(replaced, "old"))
-    os.replace(staging, folder)
-    if replaced is not None:
-        shutil.rmtree(replaced)
+    """Save a Hub-ready checkpoint to `folder` with `damcha_hf.hub.save_hub_checkpoint` (weights, config, code,
+    tokenizer or processor, model card, loss curve, metric heatmap), written to a temporary folder and renamed into
+    place. An existing `folder` is replaced only when it holds an earlier checkpoint of this plugin."""
+    from damcha_hf.hub import save_hub_checkpoint
+
+    save_hub_checkpoint(
+        model, folder, tokenizer_or_processor=tokenizer_or_processor, log_history=log_history, overwrite=True,
+        **card_fields,
+    )  # fmt: skip
     return folder
 
 
 def write_json(path: str, payload: dict) -> None:
     """Write JSON atomically (temporary file, then rename)."""
-    staging = f"{path}.tmp"
-    with open(staging, "w") as handle:
-        json.dump(payload, handle, indent=2)
-    os.replace(staging, path)
+    safe_files.write_json(path, payload)
+
+
+def card_datasets(data: str) -> list[str]:
+    """The model card's `datasets:` for a --data value: a local path is named by its base name only, never the
+    path (a push would publish it); 'stdlib' and 'gcide' by what they are."""
+    public = {"stdlib": "python-stdlib-sources", "gcide": "gcide", "fashion-mnist": "fashion_mnist"}
+    if data in public:
+        return [public[data]]
+    name = safe_files.public_dataset_name(data)
+    return [name] if name else []
 
 
 # ------------------------------------------------------------------------------------------------- image recipes
@@ -281,7 +371,7 @@ def add_image_data_arguments(parser: argparse.ArgumentParser) -> None:
                        help="an image folder (<folder>/<label>/<images>) or 'fashion-mnist' (the idx files in "
                        "--fashion-mnist-dir; default)")  # fmt: skip
     group.add_argument("--fashion-mnist-dir", default="/usr/share/datasets/fashion-mnist")
-    group.add_argument("--image-size", type=int, default=None, help="resize to this (default: 28 for Fashion-MNIST, "
+    group.add_argument("--image-size", type=checks.positive_int, default=None, help="resize to this (default: 28 for Fashion-MNIST, "
                        "else 64)")  # fmt: skip
     group.add_argument("--no-augment", action="store_true", help="no random crop / flip of training images")
 
@@ -325,6 +415,8 @@ def image_processor(image_size: int, channels: int):
 def random_crop_and_flip(pixel_values: torch.Tensor, padding: int, generator: torch.Generator | None = None):
     """Light augmentation with torch ops only (no torchvision): reflect-pad by `padding`, crop back to the original
     size at a random offset, and flip left-right with probability 1/2. `pixel_values`: (channels, height, width)."""
+    import torch
+
     _, height, width = pixel_values.shape
     if padding > 0:
         padded = torch.nn.functional.pad(pixel_values[None], (padding,) * 4, mode="reflect")[0]
@@ -339,6 +431,8 @@ def attach_image_transforms(splits, processor, *, augment: bool, image_size: int
     """Process images on the fly (`set_transform`): `pixel_values` from the processor, augmented for training."""
     padding = max(1, image_size // 8)
 
+    import torch
+
     def transform(batch, train: bool):
         pixel_values = processor(batch["image"], return_tensors="pt")["pixel_values"]
         if train and augment:
@@ -350,6 +444,8 @@ def attach_image_transforms(splits, processor, *, augment: bool, image_size: int
 
 
 def image_collate(examples):
+    import torch
+
     return {
         "pixel_values": torch.stack([example["pixel_values"] for example in examples]),
         "labels": torch.tensor([example["labels"] for example in examples]),

@@ -24,45 +24,45 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common
-import transformers
-from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoConfig, DataCollatorForLanguageModeling, Trainer, set_seed
-
-import damcha_hf
-from damcha_hf.data import check_tokenizer_matches_model
-from damcha_hf.families import FAMILIES, family_for_model_type
-from damcha_hf.metrics import accuracy_compute_metrics, causal_lm_compute_metrics, causal_lm_token_nll
+import common  # standard library only: torch, transformers and peft are imported after the arguments are parsed
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="a local GPT-2 / Llama / ViT (or DAMCHA) checkpoint folder")
     lora = parser.add_argument_group("LoRA")
-    lora.add_argument("--lora-rank", type=int, default=8)
-    lora.add_argument("--lora-alpha", type=float, default=16)
-    lora.add_argument("--lora-dropout", type=float, default=0.0)
+    lora.add_argument("--lora-rank", type=common.checks.positive_int, default=8)
+    lora.add_argument("--lora-alpha", type=common.checks.positive_float, default=16)
+    lora.add_argument("--lora-dropout", type=common.checks.probability, default=0.0)
     lora.add_argument("--freeze-generator", action="store_true", help="do not train the metric generator")
     lora.add_argument("--merge", action="store_true", help="merge LoRA into the weights and save <output-dir>/merged")
     data = parser.add_argument_group("data (GPT-2, Llama: text; ViT: images)")
     data.add_argument("--data", help="GPT-2, Llama: text file/folder/glob/'stdlib'/'gcide'; ViT: image folder or "
                       "'fashion-mnist' (default: 'stdlib' or 'fashion-mnist')")  # fmt: skip
     data.add_argument("--file-pattern", default="**/*.txt")
-    data.add_argument("--max-data-bytes", type=int)
-    data.add_argument("--validation-fraction", type=float, default=0.05)
-    data.add_argument("--block-size", type=int, default=128, help="language-model context length in tokens")
+    data.add_argument("--max-data-bytes", type=common.checks.positive_int)
+    data.add_argument("--validation-fraction", type=common.checks.probability, default=0.05)
+    data.add_argument(
+        "--block-size", type=common.checks.positive_int, default=128, help="language-model context length in tokens"
+    )
     data.add_argument("--fashion-mnist-dir", default="/usr/share/datasets/fashion-mnist")
-    data.add_argument("--image-size", type=int, help="ViT: default the base model's image size")
+    data.add_argument("--image-size", type=common.checks.positive_int, help="ViT: default the base model's image size")
     data.add_argument("--no-augment", action="store_true")
-    common.add_metric_arguments(parser, damcha_hf.DamchaGPT2Config)
+    common.add_metric_arguments(parser)
     common.add_training_arguments(parser, output_dir="runs/lora", batch_size=16, learning_rate=1e-3, max_steps=500)
-    args = parser.parse_args(argv)
+    args = common.parse_checked(parser, argv)
+    if not os.path.isfile(os.path.join(args.base, "config.json")):
+        parser.error(f"--base {args.base}: not a checkpoint folder (no config.json)")
     args.tokenizer = "byte"
     return args
 
 
 def load_base(args):
     """(config, family) of the base checkpoint: its config (stock or DAMCHA) and its `DamchaFamily` declaration."""
+    from transformers import AutoConfig
+
+    from damcha_hf.families import FAMILIES, family_for_model_type
+
     config = AutoConfig.from_pretrained(args.base)
     family = family_for_model_type(config.model_type)
     if family is None:
@@ -86,6 +86,10 @@ def build_model(args, config, family, num_labels=None, labels=None):
     if labels is not None:
         label_maps = {"num_labels": num_labels, "id2label": dict(enumerate(labels)),
                       "label2id": {name: i for i, name in enumerate(labels)}, "ignore_mismatched_sizes": True}  # fmt: skip
+    import transformers
+
+    import damcha_hf
+
     options = common.metric_options(args)
     head = family.task_head
     if config.model_type == family.model_type:  # a stock checkpoint: load it as it is, then convert it exactly
@@ -97,8 +101,16 @@ def build_model(args, config, family, num_labels=None, labels=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    set_seed(args.seed)
     resume = common.resolve_resume(args.resume, args.output_dir)
+    datasets = common.card_datasets(args.data) if args.data else None  # settled before training
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import DataCollatorForLanguageModeling, Trainer, set_seed
+
+    from damcha_hf.data import check_tokenizer_matches_model
+    from damcha_hf.metrics import accuracy_compute_metrics, causal_lm_compute_metrics, causal_lm_token_nll
+
+    set_seed(args.seed)
     config, family = load_base(args)
 
     if not family.vision:
@@ -107,6 +119,7 @@ def main(argv=None) -> dict:
         from damcha_hf.data import load_text_corpus
 
         args.data = args.data or "stdlib"
+        datasets = datasets or common.card_datasets(args.data)
         has_tokenizer = os.path.isfile(os.path.join(args.base, "tokenizer.json")) or os.path.isfile(
             os.path.join(args.base, "vocab.json")
         )
@@ -124,6 +137,7 @@ def main(argv=None) -> dict:
                           "preprocess_logits_for_metrics": causal_lm_token_nll}  # fmt: skip
     else:
         args.data = args.data or "fashion-mnist"
+        datasets = datasets or common.card_datasets(args.data)
         args.image_size = args.image_size or config.image_size
         splits, labels, channels, image_size = common.image_datasets(args)
         if channels != config.num_channels:
@@ -167,7 +181,7 @@ def main(argv=None) -> dict:
     if args.merge:
         merged = peft_model.merge_and_unload()
         common.save_final_model(merged, os.path.join(args.output_dir, "merged"), tokenizer_or_processor=processing,
-                                log_history=trainer.state.log_history)  # fmt: skip
+                                log_history=trainer.state.log_history, datasets=datasets)  # fmt: skip
     common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
     print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
     return metrics
@@ -175,6 +189,13 @@ def main(argv=None) -> dict:
 
 def load_adapter(base: str, adapter: str, **metric_options):
     """The trained PEFT model back from `--base` and `<output-dir>/adapter` (converting a plain base as training did)."""
+    import transformers
+    from peft import PeftModel
+    from transformers import AutoConfig
+
+    import damcha_hf
+    from damcha_hf.families import family_for_model_type
+
     config = AutoConfig.from_pretrained(base)
     family = family_for_model_type(config.model_type)
     head = family.task_head
@@ -186,4 +207,4 @@ def load_adapter(base: str, adapter: str, **metric_options):
 
 
 if __name__ == "__main__":
-    main()
+    common.run_recipe(main)

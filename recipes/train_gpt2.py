@@ -6,6 +6,9 @@
     python recipes/train_gpt2.py --data gcide --metric-context query --attn eager
     python recipes/train_gpt2.py --output-dir runs/gpt2 --resume                  # continue the latest checkpoint
 
+On `--resume`, the checkpoint's model settings win: a model flag left out takes the checkpoint's value, one given with
+a different value is refused (naming every such flag).
+
 Data (`--data`): a text file, a folder of .txt files, a glob, `stdlib` (the Python standard library's sources, on
 every machine) or `gcide`. The model, its tokenizer and (when `damcha_hf.hub` is present) a model card with a
 loss curve are saved to `<output-dir>/final`; evaluation results go to `<output-dir>/eval_results.json`.
@@ -17,26 +20,30 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common
-import torch
-from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, set_seed
-
-import damcha_hf
-from damcha_hf.data import check_tokenizer_matches_model
-from damcha_hf.metrics import causal_lm_compute_metrics, causal_lm_token_nll
+import common  # standard library only: torch and transformers are imported after the arguments are parsed
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_text_data_arguments(parser)
     common.add_gpt2_size_arguments(parser)
     parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model")
-    common.add_metric_arguments(parser, damcha_hf.DamchaGPT2Config)
+    common.add_metric_arguments(parser)
     common.add_training_arguments(parser, output_dir="runs/gpt2", batch_size=16, learning_rate=2e-3, max_steps=1000)
-    return parser.parse_args(argv)
+    args = common.parse_checked(parser, argv)
+    if not args.init_from:
+        common.checks.check_heads_divide_width(parser, args.n_embd, args.n_head, width_flag="--n-embd",
+                                               heads_flag="--n-head")  # fmt: skip
+    if args.init_from and not os.path.isdir(args.init_from):
+        parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
+    return args
 
 
 def build_model(args, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from damcha_hf.data import check_tokenizer_matches_model
+
     if args.init_from:
         model = AutoModelForCausalLM.from_pretrained(args.init_from, attn_implementation=args.attn)
     else:
@@ -52,8 +59,17 @@ def build_model(args, tokenizer):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    set_seed(args.seed)
     resume = common.resolve_resume(args.resume, args.output_dir)
+    if resume:
+        common.check_resume_settings(args, resume, common.GPT2_MODEL_FLAGS, common.saved_model_config(resume))
+    datasets = common.card_datasets(args.data)  # what the card will say, settled before training
+
+    import torch
+    from transformers import DataCollatorForLanguageModeling, Trainer, set_seed
+
+    from damcha_hf.metrics import causal_lm_compute_metrics, causal_lm_token_nll
+
+    set_seed(args.seed)
     if resume and os.path.isfile(os.path.join(resume, "tokenizer.json")):
         args.tokenizer = resume  # the Trainer saved the tokenizer with the checkpoint: a retrained BPE could differ
     from damcha_hf.data import load_text_corpus
@@ -89,22 +105,13 @@ def main(argv=None) -> dict:
         final,
         tokenizer_or_processor=tokenizer,
         log_history=trainer.state.log_history,
-        **_card_fields(args, trainer, validation),
+        datasets=datasets,
+        heatmap_inputs=torch.tensor(validation[: min(4, len(validation))]["input_ids"]),
     )
     common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
     print(f"saved to {final}")
     return metrics
 
 
-def _card_fields(args, trainer, validation) -> dict:
-    """Extra model-card inputs for `damcha_hf.hub.save_hub_checkpoint` (ignored by the plain save fallback)."""
-    try:
-        from damcha_hf.hub import save_hub_checkpoint  # noqa: F401
-    except ImportError:
-        return {}
-    sample = torch.tensor(validation[: min(4, len(validation))]["input_ids"])
-    return {"datasets": [str(args.data)], "heatmap_inputs": sample}
-
-
 if __name__ == "__main__":
-    main()
+    common.run_recipe(main)

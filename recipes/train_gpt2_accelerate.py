@@ -19,6 +19,9 @@ Resume the latest `checkpoint-N` (model, optimizer, scheduler, RNG and data posi
 `--batch-size` is per process. At the end every process writes the SHA-256 of its parameters to
 `<output-dir>/parameter_sha256_rank<N>.txt` (they must all agree under DDP); the main process saves the model and
 tokenizer to `<output-dir>/final` and the evaluation to `<output-dir>/eval_results.json`.
+
+On `--resume`, the checkpoint's model settings win: a model flag left out takes the checkpoint's value, one given with
+a different value is refused (naming every such flag).
 """
 
 import argparse
@@ -30,32 +33,26 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common
-import torch
-from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
-from torch.utils.data import DataLoader
-from transformers import AutoModelForCausalLM, default_data_collator, get_scheduler
-
-import damcha_hf
-from damcha_hf.data import check_tokenizer_matches_model, load_text_corpus, token_byte_lengths
-from damcha_hf.metrics import causal_lm_token_nll, load_metric
+import common  # standard library only: torch, transformers and accelerate are imported after parsing
 
 STATE_FILE = "loop_state.json"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_text_data_arguments(parser)
     common.add_gpt2_size_arguments(parser)
-    common.add_metric_arguments(parser, damcha_hf.DamchaGPT2Config)
+    common.add_metric_arguments(parser)
     common.add_training_arguments(
         parser, output_dir="runs/gpt2-accelerate", batch_size=16, learning_rate=2e-3, max_steps=1000
     )
-    return parser.parse_args(argv)
+    args = common.parse_checked(parser, argv)
+    common.checks.check_heads_divide_width(parser, args.n_embd, args.n_head, width_flag="--n-embd",
+                                           heads_flag="--n-head")  # fmt: skip
+    return args
 
 
-def parameter_sha256(model: torch.nn.Module) -> str:
+def parameter_sha256(model) -> str:
     digest = hashlib.sha256()
     for name, parameter in sorted(model.named_parameters()):
         digest.update(name.encode())
@@ -63,9 +60,19 @@ def parameter_sha256(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-@torch.no_grad()
-def evaluate(model, loader, accelerator, byte_lengths: torch.Tensor) -> dict:
+def evaluate(model, loader, accelerator, byte_lengths) -> dict:
     """Validation perplexity and bits per byte, summed over every process's share before dividing."""
+    import torch
+
+    with torch.no_grad():
+        return _evaluate(model, loader, accelerator, byte_lengths)
+
+
+def _evaluate(model, loader, accelerator, byte_lengths) -> dict:
+    import torch
+
+    from damcha_hf.metrics import causal_lm_token_nll, load_metric
+
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # nll (nats), tokens, bytes
     for batch in loader:
@@ -87,6 +94,19 @@ def evaluate(model, loader, accelerator, byte_lengths: torch.Tensor) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    resume = common.resolve_resume(args.resume, args.output_dir, marker=STATE_FILE)
+    if resume:
+        common.check_resume_settings(args, resume, common.GPT2_MODEL_FLAGS, common.saved_model_config(resume))
+    datasets = common.card_datasets(args.data)  # what the card will say, settled before training
+
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
+    from torch.utils.data import DataLoader
+    from transformers import AutoModelForCausalLM, default_data_collator, get_scheduler
+
+    from damcha_hf.data import check_tokenizer_matches_model, load_text_corpus, token_byte_lengths
+
     accelerator = Accelerator(
         # Without a GPU, run on CPU: several processes then join over gloo (multi-CPU DDP).
         cpu=not torch.cuda.is_available(),
@@ -97,7 +117,6 @@ def main(argv=None) -> dict:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     set_seed(args.seed)
-    resume = common.resolve_resume(args.resume, args.output_dir, marker=STATE_FILE)
     if resume and os.path.isfile(os.path.join(resume, "tokenizer.json")):
         args.tokenizer = resume
 
@@ -134,6 +153,7 @@ def main(argv=None) -> dict:
         model, optimizer, train_loader, eval_loader, scheduler
     )
     byte_lengths = torch.as_tensor(token_byte_lengths(tokenizer))
+    model_config = accelerator.unwrap_model(model).config.to_dict()  # saved with each checkpoint, checked on resume
 
     step, log_history = 0, []
     if resume:
@@ -180,7 +200,7 @@ def main(argv=None) -> dict:
                 log_history.append(entry)
                 accelerator.print(entry)
             if step % save_steps == 0 or step == args.max_steps:
-                save_checkpoint(accelerator, tokenizer, args.output_dir, step, log_history)
+                save_checkpoint(accelerator, tokenizer, args.output_dir, step, log_history, model_config)
             if step >= args.max_steps:
                 break
 
@@ -188,8 +208,9 @@ def main(argv=None) -> dict:
     results.update(global_step=step, resumed_from=resume, num_processes=accelerator.num_processes)
     checksum = parameter_sha256(accelerator.unwrap_model(model))
     os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, f"parameter_sha256_rank{accelerator.process_index}.txt"), "w") as handle:
-        handle.write(checksum + "\n")
+    common.safe_files.atomic_write(
+        os.path.join(args.output_dir, f"parameter_sha256_rank{accelerator.process_index}.txt"), checksum + "\n"
+    )
     print(f"[rank {accelerator.process_index}] parameter sha256 {checksum}", flush=True)
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
@@ -200,21 +221,24 @@ def main(argv=None) -> dict:
             unwrapped.save_pretrained(final, state_dict=state_dict)
             tokenizer.save_pretrained(final)
         else:
-            common.save_final_model(unwrapped, final, tokenizer_or_processor=tokenizer, log_history=log_history)
+            common.save_final_model(unwrapped, final, tokenizer_or_processor=tokenizer, log_history=log_history,
+                                    datasets=datasets)  # fmt: skip
         common.write_json(os.path.join(args.output_dir, "eval_results.json"), results)
         print(results)
     accelerator.end_training()
     return results
 
 
-def save_checkpoint(accelerator, tokenizer, output_dir: str, step: int, log_history: list) -> None:
+def save_checkpoint(accelerator, tokenizer, output_dir: str, step: int, log_history: list, model_config: dict) -> None:
     folder = os.path.join(output_dir, f"checkpoint-{step}")
     accelerator.save_state(folder)
     if accelerator.is_main_process:
         tokenizer.save_pretrained(folder)
-        common.write_json(os.path.join(folder, STATE_FILE), {"step": step, "log_history": log_history})
+        common.write_json(
+            os.path.join(folder, STATE_FILE), {"step": step, "log_history": log_history, "model_config": model_config}
+        )
     accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":
-    main()
+    common.run_recipe(main)

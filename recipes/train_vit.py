@@ -9,6 +9,9 @@
 An image folder is laid out as `<folder>/<label>/<image>` (or with `train/` and `validation/` inside). Images go
 through `ViTImageProcessor` and, for training, a random reflect-padded crop and a left-right flip (torch ops). The
 model and its image processor are saved to `<output-dir>/final` (with a model card when `damcha_hf.hub` is present).
+
+On `--resume`, the checkpoint's model settings win: a model flag left out takes the checkpoint's value, one given with
+a different value is refused (naming every such flag).
 """
 
 import argparse
@@ -17,31 +20,43 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common
-from transformers import AutoModelForImageClassification, Trainer, set_seed
+import common  # standard library only: torch and transformers are imported after the arguments are parsed
 
-import damcha_hf
-from damcha_hf.metrics import accuracy_compute_metrics
+# Flags of a new model and the config fields they set: checked against the checkpoint on --resume.
+VIT_MODEL_FLAGS = {"patch_size": "patch_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+                   "num_heads": "num_attention_heads", **{field: field for field in common.METRIC_FIELDS}}  # fmt: skip
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_image_data_arguments(parser)
     group = parser.add_argument_group("model size (new models)")
-    group.add_argument("--patch-size", type=int, default=4)
-    group.add_argument("--hidden-size", type=int, default=192)
-    group.add_argument("--num-layers", type=int, default=6)
-    group.add_argument("--num-heads", type=int, default=6)
-    group.add_argument("--mlp-ratio", type=int, default=4)
-    group.add_argument("--dropout", type=float, default=0.0)
+    group.add_argument("--patch-size", type=common.checks.positive_int, default=4)
+    group.add_argument("--hidden-size", type=common.checks.positive_int, default=192)
+    group.add_argument("--num-layers", type=common.checks.positive_int, default=6)
+    group.add_argument("--num-heads", type=common.checks.positive_int, default=6, help="must divide --hidden-size")
+    group.add_argument("--mlp-ratio", type=common.checks.positive_int, default=4)
+    group.add_argument("--dropout", type=common.checks.probability, default=0.0)
     parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model")
-    common.add_metric_arguments(parser, damcha_hf.DamchaViTConfig)
+    common.add_metric_arguments(parser)
     common.add_training_arguments(parser, output_dir="runs/vit", batch_size=64, learning_rate=1e-3, max_steps=2000)
     parser.set_defaults(max_eval_samples=2000)
-    return parser.parse_args(argv)
+    args = common.parse_checked(parser, argv)
+    if not args.init_from:
+        common.checks.check_heads_divide_width(parser, args.hidden_size, args.num_heads, width_flag="--hidden-size",
+                                               heads_flag="--num-heads")  # fmt: skip
+    if args.init_from and not os.path.isdir(args.init_from):
+        parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
+    if args.data != "fashion-mnist" and not os.path.isdir(args.data):
+        parser.error(f"--data {args.data}: not 'fashion-mnist' nor an image folder (<folder>/<label>/<images>)")
+    return args
 
 
 def build_model(args, labels, channels, image_size):
+    from transformers import AutoModelForImageClassification
+
+    import damcha_hf
+
     label_maps = {"id2label": dict(enumerate(labels)), "label2id": {name: i for i, name in enumerate(labels)}}
     if args.init_from:
         return AutoModelForImageClassification.from_pretrained(
@@ -68,8 +83,16 @@ def build_model(args, labels, channels, image_size):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    set_seed(args.seed)
     resume = common.resolve_resume(args.resume, args.output_dir)
+    if resume:
+        common.check_resume_settings(args, resume, VIT_MODEL_FLAGS, common.saved_model_config(resume))
+    datasets = common.card_datasets(args.data)  # what the card will say, settled before training
+
+    from transformers import AutoModelForImageClassification, Trainer, set_seed
+
+    from damcha_hf.metrics import accuracy_compute_metrics
+
+    set_seed(args.seed)
     splits, labels, channels, image_size = common.image_datasets(args)
     processor = common.image_processor(image_size, channels)
     common.attach_image_transforms(splits, processor, augment=not args.no_augment, image_size=image_size)
@@ -97,15 +120,9 @@ def main(argv=None) -> dict:
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss)
     print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
     final = os.path.join(args.output_dir, "final")
-    card = {}
-    try:
-        from damcha_hf.hub import save_hub_checkpoint  # noqa: F401
-
-        sample = common.image_collate([splits["validation"][i] for i in range(min(4, len(splits["validation"])))])
-        card = {"datasets": [str(args.data)], "heatmap_inputs": {"pixel_values": sample["pixel_values"]},
-                "eval_results": {"accuracy": metrics["eval_accuracy"]}}  # fmt: skip
-    except ImportError:
-        pass
+    sample = common.image_collate([splits["validation"][i] for i in range(min(4, len(splits["validation"])))])
+    card = {"datasets": datasets, "heatmap_inputs": {"pixel_values": sample["pixel_values"]},
+            "eval_results": {"accuracy": metrics["eval_accuracy"]}}  # fmt: skip
     common.save_final_model(trainer.model, final, tokenizer_or_processor=processor,
                             log_history=trainer.state.log_history, **card)  # fmt: skip
     common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
@@ -114,4 +131,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    common.run_recipe(main)

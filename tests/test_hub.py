@@ -333,7 +333,7 @@ def test_push_fails_fast_offline(tmp_path, fake_hub, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(hub.HubPushError, match="offline mode.*HF_HUB_OFFLINE"):
         hub.push_checkpoint(folder, "someone/tiny-damcha", token="hf_fake")
-    assert cli_main(["push", str(folder), "someone/tiny-damcha", "--token", "hf_fake"]) == 1
+    assert cli_main(["push", str(folder), "someone/tiny-damcha", "--token", "hf_fake"]) == 2
     assert "offline mode" in capsys.readouterr().err
     assert fake_hub.calls == []
 
@@ -346,7 +346,7 @@ def test_push_fails_fast_without_a_token(tmp_path, fake_hub, online, monkeypatch
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     with pytest.raises(hub.HubPushError, match="no Hugging Face token.*--token.*HF_TOKEN"):
         hub.push_checkpoint(folder, "someone/tiny-damcha")
-    assert cli_main(["push", str(folder), "someone/tiny-damcha"]) == 1
+    assert cli_main(["push", str(folder), "someone/tiny-damcha"]) == 2
     assert "no Hugging Face token" in capsys.readouterr().err
     assert fake_hub.calls == []
 

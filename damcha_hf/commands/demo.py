@@ -12,46 +12,70 @@ import math
 import os
 import time
 
+RESULTS_FILE = "demo_results.json"
 DEFAULT_MAX_STEPS = 1000
 DEFAULT_TIME_BUDGET_MINUTES = 6.0
 CALIBRATION_STEPS = 16
 WARMUP_TIMING_STEPS = 4
 
 
+def _light(name: str):
+    """A standard-library-only module of damcha_hf, without importing torch (see `damcha_hf_cli.light_import`)."""
+    from damcha_hf_cli import light_import
+
+    return light_import(name)
+
+
+def output_folder(text: str) -> str:
+    """`--output-dir`: a new or empty folder, or an earlier demo checkpoint (replaced); checked before training."""
+    try:
+        _light("damcha_hf.safe_files").check_checkpoint_folder(text, argument="", also_written=(RESULTS_FILE,))
+    except OSError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
+    checks = _light("damcha_hf.argument_checks")
     parser = subparsers.add_parser(
         "demo",
         help="train a small DAMCHA GPT-2 and an identical MHA GPT-2 on local text; compare, save, sample",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--data", default="stdlib",
+    parser.add_argument("--data", default="stdlib", type=checks.text_data_source,
                         help="text to train on: 'stdlib' (default: Python's standard library sources), 'gcide', a "
                         "text file, a folder of .txt files or a glob")  # fmt: skip
-    parser.add_argument("--output-dir", default="./damcha-demo", help="where the DAMCHA checkpoint goes")
-    parser.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS,
+    parser.add_argument("--output-dir", default="./damcha-demo", type=output_folder,
+                        help="where the DAMCHA checkpoint goes: a new or empty folder, or an earlier demo's output "
+                        "(replaced); a folder holding other files is refused")  # fmt: skip
+    parser.add_argument("--max-steps", type=checks.positive_int, default=DEFAULT_MAX_STEPS,
                         help=f"at most this many optimizer steps per model (default: {DEFAULT_MAX_STEPS})")  # fmt: skip
-    parser.add_argument("--time-budget", type=float, default=DEFAULT_TIME_BUDGET_MINUTES,
+    parser.add_argument("--time-budget", type=checks.non_negative_float, default=DEFAULT_TIME_BUDGET_MINUTES,
                         help="minutes of training for both models together (default: "
                         f"{DEFAULT_TIME_BUDGET_MINUTES:g}): the step count is fixed after {CALIBRATION_STEPS} timed "
                         "steps so the schedule still anneals; 0 = no limit, train --max-steps")  # fmt: skip
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--block-size", type=int, default=128, help="context length in bytes (default: 128)")
-    parser.add_argument("--n-layer", type=int, default=4)
-    parser.add_argument("--n-embd", type=int, default=128)
-    parser.add_argument("--n-head", type=int, default=8)
+    parser.add_argument("--batch-size", type=checks.positive_int, default=16)
+    parser.add_argument("--block-size", type=checks.positive_int, default=128,
+                        help="context length in bytes (default: 128)")  # fmt: skip
+    parser.add_argument("--n-layer", type=checks.positive_int, default=4)
+    parser.add_argument("--n-embd", type=checks.positive_int, default=128)
+    parser.add_argument("--n-head", type=checks.positive_int, default=8, help="must divide --n-embd (default: 8)")
     parser.add_argument("--metric-context", choices=("token", "query"), default="token")
-    parser.add_argument("--metric-hidden-size", type=int, default=64)
-    parser.add_argument("--learning-rate", type=float, default=3e-3)
-    parser.add_argument("--max-data-bytes", type=int, default=3_000_000,
+    parser.add_argument("--metric-hidden-size", type=checks.positive_int, default=64)
+    parser.add_argument("--learning-rate", type=checks.positive_float, default=3e-3)
+    parser.add_argument("--max-data-bytes", type=checks.positive_int, default=3_000_000,
                         help="read about this many bytes of text (default: 3 MB)")  # fmt: skip
-    parser.add_argument("--eval-blocks", type=int, default=96, help="validation blocks (default: 96)")
-    parser.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (default: 5 times)")
-    parser.add_argument("--sample-tokens", type=int, default=120,
+    parser.add_argument("--eval-blocks", type=checks.positive_int, default=96, help="validation blocks (default: 96)")
+    parser.add_argument("--eval-every", type=checks.positive_int, default=None,
+                        help="evaluate every N steps (default: 5 times)")  # fmt: skip
+    parser.add_argument("--sample-tokens", type=checks.positive_int, default=120,
                         help="bytes to generate for the sample (at most the context length)")  # fmt: skip
     parser.add_argument("--prompt", default="def ", help="prompt of the generated sample")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    parser.add_argument(
+        "--num-threads", type=checks.positive_int, default=None, help="torch CPU threads (default: all cores)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -96,7 +120,19 @@ def _evaluate(model, blocks, batch_size):
     return total / count, total / count / math.log(2)
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """What depends on several arguments, checked before anything is imported or loaded."""
+    checks = _light("damcha_hf.argument_checks")
+    message = checks.heads_divide_width_error(args.n_embd, args.n_head, width_flag="--n-embd", heads_flag="--n-head")
+    if message:
+        raise ValueError(message)
+    if len(args.prompt.encode("utf-8")) >= args.block_size:
+        raise ValueError(f"--prompt must be shorter than --block-size ({args.block_size} bytes).")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
+    started = time.perf_counter()
     import torch
     from tqdm.auto import tqdm
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -105,11 +141,6 @@ def run(args: argparse.Namespace) -> int:
     from damcha_hf.data import byte_level_tokenizer, group_into_blocks, load_text_corpus
     from damcha_hf.metrics import load_metric
 
-    if args.max_steps < 1:
-        raise SystemExit("damcha-hf demo: --max-steps must be at least 1.")
-    started = time.perf_counter()
-    if len(args.prompt) >= args.block_size:
-        raise SystemExit(f"damcha-hf demo: --prompt must be shorter than --block-size ({args.block_size} bytes).")
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     torch.manual_seed(args.seed)
@@ -237,50 +268,29 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     sample = tokenizer.decode(generated[0], skip_special_tokens=True)
 
-    _save(damcha, tokenizer, args, histories["DAMCHA"], results, eval_blocks[:4])
-    _write_json(os.path.join(args.output_dir, "demo_results.json"),
-                {"steps": step, "results": results, "log_history": histories, "sample": sample})  # fmt: skip
+    summary = {"steps": step, "results": results, "log_history": histories, "sample": sample}
+    _save(damcha, tokenizer, args, histories["DAMCHA"], results, eval_blocks[:4], summary)
     print(f"\nsaved the DAMCHA model to {args.output_dir}")
     print(f"\nsample (prompt {args.prompt!r}):\n{sample}\n")
     print(f"done in {time.perf_counter() - started:.0f} s")
     return 0
 
 
-def _write_json(path: str, payload: dict) -> None:
+def _save(model, tokenizer, args, log_history, results, heatmap_inputs, summary) -> None:
+    """A Hub-ready checkpoint with the run's summary (`demo_results.json`) beside it, written as one folder swap."""
     import json
 
-    with open(f"{path}.tmp", "w") as handle:
-        json.dump(payload, handle, indent=1)
-    os.replace(f"{path}.tmp", path)
-
-
-def _save(model, tokenizer, args, log_history, results, heatmap_inputs) -> None:
-    """A Hub-ready checkpoint via `damcha_hf.hub` when present; otherwise `save_pretrained`, written atomically."""
-    import json
-    import shutil
-    import tempfile
+    from damcha_hf.hub import save_hub_checkpoint
 
     eval_results = {"bits_per_byte": results["DAMCHA"]["eval_bits_per_byte"],
                     "loss": results["DAMCHA"]["eval_loss"],
                     "mha_baseline_bits_per_byte": results["MHA"]["eval_bits_per_byte"]}  # fmt: skip
-    try:
-        from damcha_hf.hub import save_hub_checkpoint
-    except ImportError:
-        save_hub_checkpoint = None
-    if save_hub_checkpoint is not None:
-        dataset = "python-stdlib-sources" if args.data == "stdlib" else os.path.basename(str(args.data).rstrip("/"))
-        save_hub_checkpoint(
-            model, args.output_dir, tokenizer_or_processor=tokenizer, log_history=log_history, datasets=[dataset],
-            heatmap_inputs=heatmap_inputs, eval_results=eval_results, model_name="damcha-demo", overwrite=True,
-        )  # fmt: skip
-        return
-    folder = os.path.abspath(args.output_dir)
-    os.makedirs(os.path.dirname(folder), exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".damcha-demo-", dir=os.path.dirname(folder))
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    with open(os.path.join(staging, "log_history.json"), "w") as handle:
-        json.dump({"log_history": log_history, "eval_results": eval_results}, handle, indent=1)
-    if os.path.exists(folder):
-        shutil.rmtree(folder)
-    os.replace(staging, folder)
+    from damcha_hf.safe_files import public_dataset_name
+
+    # A local path must not reach the card: a file or folder is named by its base name only.
+    dataset = "python-stdlib-sources" if args.data == "stdlib" else public_dataset_name(args.data)
+    save_hub_checkpoint(
+        model, args.output_dir, tokenizer_or_processor=tokenizer, log_history=log_history, datasets=[dataset] if dataset else None,
+        heatmap_inputs=heatmap_inputs, eval_results=eval_results, model_name="damcha-demo", overwrite=True,
+        extra_files={RESULTS_FILE: json.dumps(summary, indent=1) + "\n"},
+    )  # fmt: skip

@@ -1,21 +1,38 @@
 """`damcha-hf info`: the DAMCHA settings and the generator's share of parameters for a config or checkpoint."""
 
 import argparse
+import os
 
 # The presets every family declares (`DamchaFamily.presets`), listed here without importing torch for `--help`.
 PRESET_HELP = (
     "gpt2-small (default), tinyllama (TinyLlama-1.1B, GQA 32/4 heads), vit-small (ViT-S/16, 224px, 1000 classes)"
 )
 
+PRESETS = tuple(name.split(" ")[0] for name in PRESET_HELP.split(", "))
+
+
+def model_argument(text: str) -> str:
+    """A preset name or a checkpoint folder (one with a config.json), checked while parsing."""
+    if text in PRESETS or os.path.isfile(os.path.join(text, "config.json")):
+        return text
+    if not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a preset ({', '.join(PRESETS)}) nor an existing folder")
+    raise argparse.ArgumentTypeError(f"{text!r} is not a checkpoint folder (no config.json)")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("info", help="print a model's DAMCHA settings and metric-generator parameter share")
     parser.add_argument(
-        "model", nargs="?", default="gpt2-small", help=f"a checkpoint folder, or a preset: {PRESET_HELP}"
+        "model",
+        nargs="?",
+        default="gpt2-small",
+        type=model_argument,
+        help=f"a checkpoint folder, or a preset: {PRESET_HELP}",
     )
     parser.add_argument(
         "--cross-head-variant",
         default=None,
+        choices=("damcha", "talking_heads", "dcmha", "none"),
         help="for a preset: damcha (default), talking_heads, dcmha or none, to compare the added parameters",
     )
     parser.set_defaults(func=run)
@@ -23,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    from transformers import AutoModel
+    from transformers import AutoConfig, AutoModel
 
     from damcha_hf.families import presets
     from damcha_hf.hub import generator_share
@@ -36,8 +53,14 @@ def run(args: argparse.Namespace) -> int:
         with torch.device("meta"):
             model = model_class(config)
     else:
-        model = AutoModel.from_pretrained(args.model)
-        config = model.config
+        config = AutoConfig.from_pretrained(args.model)
+        if not config.model_type.startswith("damcha_"):
+            raise ValueError(
+                f"{args.model} is a {config.model_type!r} checkpoint, not a DAMCHA one; convert it first with "
+                "`damcha_hf.convert_to_damcha(model)` and save that, or pass a DAMCHA checkpoint folder."
+            )
+        with torch.device("meta"):  # the settings and parameter counts need no weights
+            model = AutoModel.from_config(config)
     generator, total = generator_share(model)
     rows = [("model", f"{type(model).__name__} ({args.model})")]
     fields = ("cross_head_variant", "metric_context", "metric_mask", "metric_sharing", "metric_hidden_size")

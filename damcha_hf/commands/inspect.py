@@ -1,11 +1,27 @@
 """`damcha-hf inspect`: a heatmap of a checkpoint's learned cross-head matrix C, one panel per layer."""
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 TEXT_CHUNK_CHARS = 512
 MAX_TEXT_CHUNKS = 8
+
+
+def png_path(text: str) -> str:
+    """`--output`: a file path (not a folder), checked while parsing."""
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(
+            f"{text} is a folder; give the path of the PNG to write, e.g. {os.path.join(text, 'metric_heatmap.png')}"
+        )
+    return text
+
+
+def checkpoint_folder(text: str) -> str:
+    if not os.path.isfile(os.path.join(text, "config.json")):
+        raise argparse.ArgumentTypeError(f"{text} is not a checkpoint folder (no config.json)")
+    return text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -15,13 +31,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run a few inputs through a DAMCHA checkpoint, draw each layer's mean cross-head matrix C as a "
         "heatmap and print each layer's off-diagonal mass sum_{i!=j}|C_ij| / sum|C_ij|.",
     )
-    parser.add_argument("checkpoint", help="a DAMCHA checkpoint folder (save_pretrained / save_hub_checkpoint)")
+    parser.add_argument(
+        "checkpoint", type=checkpoint_folder, help="a DAMCHA checkpoint folder (save_pretrained / save_hub_checkpoint)"
+    )
     parser.add_argument(
         "--data",
         help="a text file (GPT-2) or a folder of images (ViT); default: a few lines of Python standard-library "
         "source (text) or random images of the configured size (ViT)",
     )
-    parser.add_argument("--output", help="the PNG to write (default: CHECKPOINT/metric_heatmap.png)")
+    parser.add_argument("--output", type=png_path, help="the PNG to write (default: CHECKPOINT/metric_heatmap.png)")
     parser.set_defaults(func=run)
 
 

@@ -1,7 +1,6 @@
 """`damcha-hf push`: upload a DAMCHA checkpoint to the Hub (weights, config, code, preprocessor, card, images)."""
 
 import argparse
-import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,26 +15,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("repo_id", help="the Hub repository, 'namespace/name'")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
     parser.add_argument("--revision", help="push to this branch (created if missing) instead of main")
-    parser.add_argument("--token", help="a Hub token with write access (default: HF_TOKEN or `hf auth login`)")
+    parser.add_argument(
+        "--token",
+        help="a Hub token with write access; prefer the HF_TOKEN environment variable or `hf auth login` (the "
+        "default), since a token on the command line stays in the shell history and the process list",
+    )
     parser.add_argument("--commit-message", default="Upload DAMCHA checkpoint")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from damcha_hf.hub import HubPushError, push_checkpoint, upload_plan
+    from damcha_hf.hub import push_checkpoint, upload_plan
 
-    try:
-        url = push_checkpoint(
-            args.checkpoint,
-            args.repo_id,
-            private=args.private,
-            revision=args.revision,
-            token=args.token,
-            commit_message=args.commit_message,
-        )
-    except HubPushError as error:
-        print(f"damcha-hf push: {error}", file=sys.stderr)
-        return 1
+    # A HubPushError (offline, no token, a network failure, an unsafe folder) becomes one line and exit code 2.
+    url = push_checkpoint(
+        args.checkpoint,
+        args.repo_id,
+        private=args.private,
+        revision=args.revision,
+        token=args.token,
+        commit_message=args.commit_message,
+    )
     print("uploaded: " + ", ".join(upload_plan(args.checkpoint)))
     print(url)
     return 0

@@ -42,6 +42,12 @@ class Accuracy(evaluate.Metric):
                 f"accuracy: {predictions.shape[0]} predictions but {references.shape[0]} references; pass one "
                 "prediction per reference."
             )
+        if predictions.size == 0:
+            raise ValueError("accuracy: no predictions; pass at least one prediction and its reference.")
         weights = np.ones(len(predictions)) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+        if weights.shape != predictions.shape or not np.all(np.isfinite(weights)) or np.any(weights < 0):
+            raise ValueError("accuracy: sample_weight must hold one finite, non-negative weight per prediction.")
+        if normalize and not np.sum(weights) > 0:
+            raise ValueError("accuracy: the sample weights sum to 0, so no accuracy can be computed.")
         correct = float(np.sum(weights * (predictions == references)))
         return {"accuracy": correct / float(np.sum(weights)) if normalize else correct}

@@ -30,6 +30,32 @@ Returns:
 """
 
 
+# `evaluate.load(path)` copies this one file into its cache, so each metric module checks its inputs itself.
+def _check_nll_inputs(name, predictions, references):
+    """Summed NLLs must be finite and >= 0, counts integers >= 0, one count per NLL, and at least one of them."""
+    nll, counts = np.asarray(predictions, dtype=np.float64), np.asarray(references, dtype=np.float64)
+    if nll.size == 0:
+        raise ValueError(f"{name}: no inputs; pass at least one summed NLL and its count.")
+    if nll.shape != counts.shape:
+        raise ValueError(f"{name}: {nll.size} NLL values but {counts.size} counts; pass one count per NLL value.")
+    if not np.all(np.isfinite(nll)) or np.any(nll < 0):
+        bad = nll[~np.isfinite(nll) | (nll < 0)][0]
+        raise ValueError(
+            f"{name}: predictions must be finite, non-negative summed NLLs in nats, got {float(bad)}; a NaN or infinite "
+            "loss usually means the model diverged (lower the learning rate)."
+        )
+    if not np.all(np.isfinite(counts)) or np.any(counts < 0) or np.any(counts != np.round(counts)):
+        raise ValueError(f"{name}: references must be non-negative whole counts, got {references!r}.")
+
+
+def _check_logits_inputs(name, predictions, references):
+    if len(predictions) == 0:
+        raise ValueError(f"{name}: no inputs; pass at least one sequence of logits and its labels.")
+    for index, logits in enumerate(predictions):
+        if not np.all(np.isfinite(np.asarray(logits, dtype=np.float64))):
+            raise ValueError(f"{name}: the logits of sequence {index} hold NaN or infinite values.")
+
+
 def token_nll(logits, labels, *, shift=True, ignore_index=-100):
     """(summed NLL in nats, number of scored tokens) of one sequence's logits against its labels."""
     logits = np.asarray(logits, dtype=np.float64)
@@ -68,11 +94,18 @@ class Perplexity(evaluate.Metric):
 
     def _compute(self, predictions, references, shift=True, ignore_index=-100):
         if self.config_name == "nll":
+            _check_nll_inputs("perplexity", predictions, references)
             total_nll, num_tokens = float(np.sum(predictions)), int(np.sum(references))
         else:
+            _check_logits_inputs("perplexity", predictions, references)
             pairs = [token_nll(p, r, shift=shift, ignore_index=ignore_index) for p, r in zip(predictions, references)]
             total_nll, num_tokens = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
         if num_tokens <= 0:
             raise ValueError("perplexity: no tokens to score (every label is ignored, or the token counts are 0).")
         mean_nll = total_nll / num_tokens
-        return {"perplexity": math.exp(mean_nll), "mean_nll": mean_nll, "num_tokens": num_tokens}
+        # exp overflows a float above about 709 nats per token: the perplexity is then reported as infinite.
+        return {
+            "perplexity": math.exp(mean_nll) if mean_nll < 709.0 else math.inf,
+            "mean_nll": mean_nll,
+            "num_tokens": num_tokens,
+        }

@@ -1,0 +1,127 @@
+"""Argument checks shared by the command line and the recipes, run while parsing (standard library only).
+
+    parser.add_argument("--batch-size", type=positive_int, default=16)
+    args = parser.parse_args(argv)
+    check_heads_divide_width(parser, args.n_embd, args.n_head, width_flag="--n-embd", heads_flag="--n-head")
+
+A bad value ends the program at once with argparse's one-line `error:` message and exit code 2, before any import of
+torch, data loading or training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, with errors on one line (no usage dump): `prog: error: message (see prog --help)`."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (a batch size, a step count, a width)."""
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(text, float)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive number, got {text!r}")
+    return value
+
+
+def probability(text: str) -> float:
+    """A number in [0, 1) (a dropout rate, a validation fraction)."""
+    value = _number(text, float)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text!r}")
+    return value
+
+
+def _number(text: str, kind: type):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be {'an integer' if kind is int else 'a number'}, got {text!r}"
+        ) from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def text_data_source(text: str) -> str:
+    """`--data` of a text recipe: 'stdlib', 'gcide', or an existing file, folder or glob that matches files."""
+    import glob
+    import os
+
+    if (
+        text in ("stdlib", "gcide")
+        or os.path.exists(text)
+        or (glob.has_magic(text) and glob.glob(text, recursive=True))
+    ):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is neither 'stdlib', 'gcide', an existing text file or folder, nor a glob that matches files"
+    )
+
+
+def heads_divide_width_error(width: int, heads: int, *, width_flag: str, heads_flag: str) -> str | None:
+    """The message when the attention heads do not split the width evenly (as the config requires), else None."""
+    if width % heads == 0:
+        return None
+    divisors = sorted((h for h in range(1, width + 1) if width % h == 0), key=lambda h: (abs(h - heads), h))[:2]
+    return f"{heads_flag} {heads} must divide {width_flag} {width}; use e.g. {heads_flag} " + " or ".join(
+        map(str, sorted(divisors))
+    )
+
+
+def check_heads_divide_width(
+    parser: argparse.ArgumentParser, width: int, heads: int, *, width_flag: str, heads_flag: str
+) -> None:
+    """`heads_divide_width_error` as `parser.error` (one line, exit code 2)."""
+    message = heads_divide_width_error(width, heads, width_flag=width_flag, heads_flag=heads_flag)
+    if message:
+        parser.error(message)
+
+
+def check_output(parser: argparse.ArgumentParser, check, *args, **kwargs):
+    """Run a `damcha_hf.safe_files` check; its `UnsafeOutputError` becomes `parser.error` (one line, exit code 2)."""
+    try:
+        return check(*args, **kwargs)
+    except OSError as error:
+        parser.error(str(error))
+
+
+__all__ = [
+    "ArgumentParser",
+    "check_heads_divide_width",
+    "check_output",
+    "heads_divide_width_error",
+    "non_negative_float",
+    "non_negative_int",
+    "positive_float",
+    "positive_int",
+    "probability",
+    "text_data_source",
+]

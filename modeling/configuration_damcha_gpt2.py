@@ -3,7 +3,12 @@
 from huggingface_hub.dataclasses import strict
 from transformers import GPT2Config
 
-from .damcha_options import METRIC_OPTIONS_DOCSTRING, check_metric_options, check_source_model_type
+from .damcha_options import (
+    METRIC_OPTIONS_DOCSTRING,
+    check_metric_options,
+    check_source_model_type,
+    validated_after_overrides,
+)
 
 
 @strict
@@ -31,11 +36,7 @@ class DamchaGPT2Config(GPT2Config):
         check_source_model_type(cls, config_dict.get("model_type"), base_model_type="gpt2")
         # A converted GPT-2 config must be saved as `damcha_gpt2`, so the source's model_type is not carried over.
         config_dict = {key: value for key, value in config_dict.items() if key != "model_type"}
-        result = super().from_dict(config_dict, **kwargs)
-        # transformers sets the keyword overrides (`from_pretrained(folder, metric_context=...)`) after validating
-        # the config: validate again, so that an override is checked like a constructor argument.
-        (result[0] if isinstance(result, tuple) else result).validate()
-        return result
+        return validated_after_overrides(super().from_dict(config_dict, **kwargs))
 
 
 DamchaGPT2Config.__doc__ += METRIC_OPTIONS_DOCSTRING

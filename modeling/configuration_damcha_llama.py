@@ -3,7 +3,12 @@
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
-from .damcha_options import METRIC_OPTIONS_DOCSTRING, check_metric_options, check_source_model_type
+from .damcha_options import (
+    METRIC_OPTIONS_DOCSTRING,
+    check_metric_options,
+    check_source_model_type,
+    validated_after_overrides,
+)
 
 
 @strict
@@ -39,7 +44,7 @@ class DamchaLlamaConfig(LlamaConfig):
         check_source_model_type(cls, config_dict.get("model_type"), base_model_type="llama")
         # A converted Llama config must be saved as `damcha_llama`, so the source's model_type is not carried over.
         config_dict = {key: value for key, value in config_dict.items() if key != "model_type"}
-        return super().from_dict(config_dict, **kwargs)
+        return validated_after_overrides(super().from_dict(config_dict, **kwargs))
 
     @classmethod
     def tinyllama_1_1b(cls, **overrides) -> "DamchaLlamaConfig":

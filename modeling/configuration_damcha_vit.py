@@ -5,7 +5,12 @@ from collections.abc import Iterable
 from huggingface_hub.dataclasses import strict
 from transformers import ViTConfig
 
-from .damcha_options import METRIC_OPTIONS_DOCSTRING, check_metric_options, check_source_model_type
+from .damcha_options import (
+    METRIC_OPTIONS_DOCSTRING,
+    check_metric_options,
+    check_source_model_type,
+    validated_after_overrides,
+)
 
 
 def _pair(size) -> tuple[int, int]:
@@ -57,11 +62,7 @@ class DamchaViTConfig(ViTConfig):
         check_source_model_type(cls, config_dict.get("model_type"), base_model_type="vit")
         # A converted ViT config must be saved as `damcha_vit`, so the source's model_type is not carried over.
         config_dict = {key: value for key, value in config_dict.items() if key != "model_type"}
-        result = super().from_dict(config_dict, **kwargs)
-        # transformers sets the keyword overrides (`from_pretrained(folder, metric_context=...)`) after validating
-        # the config: validate again, so that an override is checked like a constructor argument.
-        (result[0] if isinstance(result, tuple) else result).validate()
-        return result
+        return validated_after_overrides(super().from_dict(config_dict, **kwargs))
 
     @classmethod
     def vit_small_patch16_224(cls, **overrides) -> "DamchaViTConfig":

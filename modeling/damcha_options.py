@@ -82,6 +82,16 @@ def _nearest_divisors(hidden_size: int, num_heads: int) -> str:
     return " or ".join(map(str, sorted(divisors[:2])))
 
 
+def validated_after_overrides(result):
+    """`PreTrainedConfig.from_dict`'s result (a config, or `(config, unused kwargs)`), validated again.
+
+    transformers sets the keyword overrides of `from_pretrained(folder, metric_context=...)` / `from_dict(d, **kw)`
+    with `setattr` after the config was built and validated, so without this an override skips validation.
+    """
+    (result[0] if isinstance(result, tuple) else result).validate()
+    return result
+
+
 def check_source_model_type(config_class: type, model_type: str | None, base_model_type: str) -> None:
     """Refuse at load time a checkpoint of another architecture, before any weight is touched."""
     if model_type not in (None, config_class.model_type, base_model_type):

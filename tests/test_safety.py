@@ -13,7 +13,13 @@ from pathlib import Path
 import huggingface_hub
 import pytest
 import torch
-from conftest import randomize_metric, tiny_damcha_gpt2_config, tiny_damcha_vit_config, tiny_gpt2_config
+from conftest import (
+    randomize_metric,
+    tiny_damcha_gpt2_config,
+    tiny_damcha_llama_config,
+    tiny_damcha_vit_config,
+    tiny_gpt2_config,
+)
 from huggingface_hub import HfApi
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2LMHeadModel
 
@@ -273,6 +279,18 @@ def test_a_causal_model_refuses_sequence_context_on_every_path(tmp_path):
             model_class(config)
     with pytest.raises(Exception, match="future tokens"):
         AutoModelForCausalLM.from_pretrained(folder, config=config)
+
+
+def test_a_causal_llama_refuses_sequence_context_on_override_and_after_creation(tmp_path):
+    model = damcha_hf.DamchaLlamaForCausalLM(tiny_damcha_llama_config()).eval()
+    model.save_pretrained(tmp_path / "llama")
+    assert causal_probe(AutoModelForCausalLM.from_pretrained(tmp_path / "llama"))
+    with pytest.raises(Exception, match="future tokens"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "llama", metric_context="sequence")
+    config = tiny_damcha_llama_config()
+    config.metric_context = "sequence"
+    with pytest.raises(Exception, match="future tokens"):
+        damcha_hf.DamchaLlamaForCausalLM(config)
 
 
 @pytest.mark.parametrize(

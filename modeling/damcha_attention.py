@@ -62,6 +62,37 @@ class MetricOutputLayer(nn.Linear):
     zero it (`init_metric_generator`) so that `C = I` and a fresh or converted DAMCHA model equals MHA."""
 
 
+class _RecomputedGeneratorMLP(torch.autograd.Function):
+    """`addmm(b2, gelu(addmm(b1, z, W1^T)), W2^T)` that saves only `z` for backward and recomputes the hidden layer.
+
+    Autograd would keep the hidden layer before and after the GELU (`2 r` floats per token and layer); `z` is the
+    layer's normalised input, which the attention projections save anyway. The backward is autograd's own formulas
+    (`addmm`, `gelu_backward`), so the gradients are those of the plain path.
+    """
+
+    @staticmethod
+    def forward(ctx, z, fc_in_weight, fc_in_bias, fc_out_weight, fc_out_bias):
+        ctx.save_for_backward(z, fc_in_weight, fc_in_bias, fc_out_weight)
+        hidden = nn.functional.gelu(torch.addmm(fc_in_bias, z, fc_in_weight.t()))
+        return torch.addmm(fc_out_bias, hidden, fc_out_weight.t())
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        z, fc_in_weight, fc_in_bias, fc_out_weight = ctx.saved_tensors
+        pre_activation = torch.addmm(fc_in_bias, z, fc_in_weight.t())
+        hidden = nn.functional.gelu(pre_activation)
+        grad_pre_activation = torch.ops.aten.gelu_backward(grad_output @ fc_out_weight, pre_activation)
+        needs = ctx.needs_input_grad
+        return (
+            grad_pre_activation @ fc_in_weight if needs[0] else None,
+            grad_pre_activation.t() @ z if needs[1] else None,
+            grad_pre_activation.sum(0) if needs[2] else None,
+            grad_output.t() @ hidden if needs[3] else None,
+            grad_output.sum(0) if needs[4] else None,
+        )
+
+
 class MetricGenerator(nn.Module):
     """`G`: one small MLP `d -> r -> H*H_kv` (GELU), whose output layer starts at zero.
 
@@ -82,15 +113,51 @@ class MetricGenerator(nn.Module):
         nn.init.zeros_(self.fc_out.bias)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        offsets = self.fc_out(self.act(self.fc_in(z)))
-        return offsets.unflatten(-1, (self.num_heads, self.num_key_value_heads))
+        """`z`: (..., d) -> `G(z)`: (..., H, H_kv)."""
+        return self.offsets(z)
+
+    def offsets(self, z: torch.Tensor, flat_identity: torch.Tensor | None = None) -> torch.Tensor:
+        """`G(z)`, or `I + G(z)` given the flattened identity, as (..., H, H_kv).
+
+        With plain linears and exact GELU this is two `addmm` on the flattened tokens with the identity added to the
+        output bias: batch-1 decoding on a CPU pays per operator and per Python attribute lookup, and `nn.Linear` on
+        a 3-D input adds reshapes. Anything else (e.g. a PEFT adapter on one of the linears) runs through the
+        modules. When gradients are taken the hidden layer is recomputed in backward rather than saved (not under
+        autocast, whose casts the explicit backward would not replay).
+        """
+        modules = self._modules  # direct lookups: each `nn.Module.__getattr__` costs about a microsecond
+        fc_in, act, fc_out = modules["fc_in"], modules["act"], modules["fc_out"]
+        shape = (*z.shape[:-1], self.num_heads, self.num_key_value_heads)
+        if not (
+            type(fc_in) is nn.Linear
+            and type(fc_out) is MetricOutputLayer
+            and type(act) is nn.GELU
+            and act.approximate == "none"
+            and fc_in.bias is not None
+            and fc_out.bias is not None
+        ):
+            offsets = fc_out(act(fc_in(z)))
+            return (offsets if flat_identity is None else offsets + flat_identity).view(shape)
+        fc_in_weight, fc_in_bias = fc_in._parameters["weight"], fc_in._parameters["bias"]
+        fc_out_weight, fc_out_bias = fc_out._parameters["weight"], fc_out._parameters["bias"]
+        if flat_identity is not None:
+            fc_out_bias = fc_out_bias + flat_identity
+        flat_z = z.reshape(-1, z.shape[-1])
+        if torch.is_grad_enabled() and not torch.is_autocast_enabled(z.device.type):
+            offsets = _RecomputedGeneratorMLP.apply(flat_z, fc_in_weight, fc_in_bias, fc_out_weight, fc_out_bias)
+        else:
+            hidden = nn.functional.gelu(torch.addmm(fc_in_bias, flat_z, fc_in_weight.t()))
+            offsets = torch.addmm(fc_out_bias, hidden, fc_out_weight.t())
+        return offsets.view(shape)
 
 
 class CrossHeadMetric(nn.Module):
     """The cross-head matrix `C(z) = I + G(z)` of a layer, masked for the paper's ablations.
 
     Holds one generator per stack (`metric_sharing="stack"`) or one per layer (`"layer"`). It is a single module so
-    that PEFT's `modules_to_save=["cross_head_metric"]` trains every generator of a model in full.
+    that PEFT's `modules_to_save=["cross_head_metric"]` trains every generator of a model in full. The attention
+    core calls it as `metric(z, layer_idx, metric_mask)` for every layer, so a forward hook on it sees each layer's
+    `C`.
     """
 
     def __init__(
@@ -108,6 +175,7 @@ class CrossHeadMetric(nn.Module):
             MetricGenerator(hidden_size, num_heads, metric_hidden_size, self.num_key_value_heads)
             for _ in range(num_generators)
         )
+        self._identities: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     @classmethod
     def from_config(cls, config) -> "CrossHeadMetric":
@@ -120,16 +188,32 @@ class CrossHeadMetric(nn.Module):
 
     def forward(self, z: torch.Tensor, layer_idx: int = 0, metric_mask: str = "full") -> torch.Tensor:
         """`z`: (..., d) -> `C`: (..., H, H_kv)."""
-        generator = self.generators[layer_idx if len(self.generators) > 1 else 0]
-        offsets = generator(z)
-        identity = head_group_identity(self.num_heads, self.num_key_value_heads).to(offsets.device, offsets.dtype)
+        generators = self.generators
+        generator = generators[layer_idx] if len(generators) > 1 else generators[0]
+        flat_identity = self.flat_identity(z)
         if metric_mask == "full":
-            return identity + offsets
+            return generator.offsets(z, flat_identity)
+        identity = flat_identity.view(self.num_heads, self.num_key_value_heads)
         if metric_mask == "diagonal":
-            return (identity + offsets) * identity
+            return generator.offsets(z, flat_identity) * identity
         if metric_mask == "offdiagonal":
-            return offsets * (1 - identity)
+            return generator.offsets(z) * (1 - identity)
         raise ValueError(f"unknown `metric_mask` {metric_mask!r}; choose one of {', '.join(map(repr, METRIC_MASKS))}.")
+
+    def flat_identity(self, like: torch.Tensor) -> torch.Tensor:
+        """`head_group_identity` (the identity when `H == H_kv`) flattened, on `like`'s device and dtype, made once per
+        device and dtype.
+
+        Cached rather than a buffer: it is no weight, and a non-persistent buffer would have to be rebuilt after
+        transformers creates the model on the meta device to load a checkpoint.
+        """
+        key = (like.device, like.dtype)
+        identity = self._identities.get(key)
+        if identity is None:
+            identity = head_group_identity(self.num_heads, self.num_key_value_heads)
+            identity = identity.to(device=like.device, dtype=like.dtype).flatten()
+            self._identities[key] = identity
+        return identity
 
 
 def head_group_identity(num_heads: int, num_key_value_heads: int) -> torch.Tensor:
@@ -170,6 +254,28 @@ def init_cross_head_weights(module: nn.Module, std: float) -> None:
     init_dcmha(module, std)
 
 
+def mix_keys_per_token(cross_head: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """`K~_i[s] = sum_j C_ij[s] K_j[s]` for `C` (b, s, H, H) and `key` (b, H, s, d_h): one `bmm` over the tokens.
+
+    The projections hand the key over as a transposed view of `(b, s, H, d_h)`, so transposing it back and merging
+    `(b, s)` are views, not copies; the result is again a `(b, H, s, d_h)` view, laid out as the plain key was.
+    """
+    batch, heads, seq, head_dim = key.shape
+    token_major = key.transpose(1, 2).reshape(batch * seq, heads, head_dim)
+    mixed = torch.bmm(cross_head.reshape(batch * seq, heads, heads), token_major)
+    return mixed.view(batch, seq, heads, head_dim).transpose(1, 2)
+
+
+def mix_keys_per_sequence(cross_head: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """`K~_i = sum_j C_ij K_j` for one `C` (b, H, H) per sequence and `key` (b, H, s, d_h).
+
+    Broadcast over the tokens of the token-major view, so that the key is never copied into a head-major layout
+    (autograd would save that copy, one more key-sized tensor per layer).
+    """
+    mixed = torch.matmul(cross_head.unsqueeze(1), key.transpose(1, 2))  # (b, 1, H, H) @ (b, s, H, d_h)
+    return mixed.transpose(1, 2)
+
+
 def cross_head_query_key(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -196,12 +302,10 @@ def cross_head_query_key(
     """
     if metric_context == "token":
         cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, s, H, H)
-        mixed = cross_head @ key.transpose(1, 2)  # (b, s, H, H) @ (b, s, H, d_h)
-        return query, mixed.transpose(1, 2)
+        return query, mix_keys_per_token(cross_head, key)
     if metric_context == "sequence":
         cross_head = metric(hidden_states.mean(dim=1), layer_idx, metric_mask)  # (b, H, H)
-        mixed = cross_head @ key.flatten(2)  # (b, H, H) @ (b, H, s * d_h)
-        return query, mixed.view_as(key)
+        return query, mix_keys_per_sequence(cross_head, key)
     if metric_context == "query":
         batch = query.shape[0]
         cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, t, H, H_kv)

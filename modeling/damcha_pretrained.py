@@ -3,7 +3,12 @@
 Part of the remote-code payload: imports only transformers and its sibling files.
 """
 
-from .damcha_attention import eager_attn_implementation_for, init_cross_head_weights
+from .damcha_attention import (
+    check_attention_backend,
+    cross_head_variant_of,
+    eager_attn_implementation_for,
+    init_cross_head_weights,
+)
 
 
 def _code_reference(cls: type) -> str:
@@ -21,10 +26,11 @@ def _subclasses(cls: type) -> list[type]:
 class DamchaPreTrainedMixin:
     """Mixed in before a transformers `*PreTrainedModel`: weight init, backend choice and remote-code saving."""
 
-    # Flash and flex attention need equal query/value head widths, which `metric_context="query"` breaks;
-    # the other contexts would run on them, but only eager and SDPA are tested here.
-    _supports_flash_attn = False
-    _supports_flex_attn = False
+    # Key-side mixing ("token", "sequence") and plain MHA ("none") hand every backend ordinary (query, key, value)
+    # tensors, so flash and flex attention are supported by the class; what a given config cannot run on is refused
+    # per config in `_check_and_adjust_attn_implementation` ("query", talking-heads, DCMHA).
+    _supports_flash_attn = True
+    _supports_flex_attn = True
 
     def __init__(self, config, *inputs, **kwargs):
         # A config is validated when it is created, but fields set afterwards (`config.metric_context = ...`) and
@@ -43,6 +49,9 @@ class DamchaPreTrainedMixin:
         eager_only = eager_attn_implementation_for(self.config, attn_implementation)
         if eager_only is not None:
             return eager_only
+        # The expanded query of "query" is wider than the value: only eager and SDPA take it.
+        if cross_head_variant_of(self.config) == "damcha" and not isinstance(attn_implementation, dict):
+            check_attention_backend(self.config.metric_context, attn_implementation)
         return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
 
     def family_auto_map(self) -> dict[str, str]:

@@ -30,7 +30,7 @@ def oracle_cross_head(metric: CrossHeadMetric, z: torch.Tensor, layer_idx: int, 
     generator = metric.generators[layer_idx]
     hidden = F.gelu(z @ generator.fc_in.weight.T + generator.fc_in.bias)
     offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).reshape(*z.shape[:-1], HEADS, HEADS)
-    eye = torch.eye(HEADS)
+    eye = torch.eye(HEADS, dtype=z.dtype)
     if mask == "full":
         return eye + offsets
     if mask == "diagonal":
@@ -40,7 +40,7 @@ def oracle_cross_head(metric: CrossHeadMetric, z: torch.Tensor, layer_idx: int, 
 
 def oracle_scores(query, key, x, metric, layer_idx, context, mask):
     """S[b, i, t, s] = sum_j C_ij(z) <q_i[t], k_j[s]>, with z chosen by the context, one head pair at a time."""
-    scores = torch.zeros(BATCH, HEADS, SEQ, SEQ)
+    scores = [[[[0.0] * SEQ for _ in range(SEQ)] for _ in range(HEADS)] for _ in range(BATCH)]
     for b in range(BATCH):
         for t in range(SEQ):
             for s in range(SEQ):
@@ -48,8 +48,8 @@ def oracle_scores(query, key, x, metric, layer_idx, context, mask):
                 cross_head = oracle_cross_head(metric, z, layer_idx, mask)
                 for i in range(HEADS):
                     for j in range(HEADS):
-                        scores[b, i, t, s] += cross_head[i, j] * (query[b, i, t] @ key[b, j, s])
-    return scores
+                        scores[b][i][t][s] = scores[b][i][t][s] + cross_head[i, j] * (query[b, i, t] @ key[b, j, s])
+    return torch.stack([torch.stack([torch.stack([torch.stack(row) for row in head]) for head in b]) for b in scores])
 
 
 @pytest.mark.parametrize("context", ["token", "sequence", "query"])
@@ -131,3 +131,48 @@ def test_options_module_is_torch_free_and_matches_the_core():
     assert result.stdout.strip() == "[]"
     assert tuple(damcha_attention.SCORE_MIXING_VARIANTS) == damcha_options.SCORE_MIXING_VARIANT_NAMES
     assert set(damcha_options.SCORE_MIXING_VARIANT_NAMES) < set(damcha_options.CROSS_HEAD_VARIANTS)
+
+
+@pytest.mark.parametrize("context", ["token", "sequence", "query"])
+@pytest.mark.parametrize("mask", ["full", "diagonal", "offdiagonal"])
+def test_gradients_match_head_pair_oracle(context, mask):
+    """The generator's recomputed backward and the key mixing give autograd's gradients of the written-out scores."""
+    metric = random_metric(seed=1)
+    query, key = torch.randn(2, BATCH, HEADS, SEQ, HEAD_DIM, dtype=torch.float64)
+    x = torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.float64)
+    metric = metric.double()
+    upstream = torch.randn(BATCH, HEADS, SEQ, SEQ, dtype=torch.float64)
+
+    def gradients(score_function):
+        inputs = [t.clone().requires_grad_() for t in (query, key, x)]
+        metric.zero_grad(set_to_none=True)
+        (score_function(*inputs) * upstream).sum().backward()
+        return [t.grad for t in inputs] + [p.grad.clone() for p in metric.parameters() if p.grad is not None]
+
+    def core_scores(q, k, z):
+        mixed_query, mixed_key = cross_head_query_key(q, k, z, metric, layer_idx=1, metric_context=context,
+                                                      metric_mask=mask)  # fmt: skip
+        return mixed_query @ expand_shared_key(mixed_key, HEADS).transpose(-1, -2)
+
+    def oracle(q, k, z):
+        return oracle_scores(q, k, z, metric, 1, context, mask)
+
+    core, expected = gradients(core_scores), gradients(oracle)
+    assert len(core) == len(expected) == 3 + 4  # query, key, x; fc_in and fc_out weight and bias of generator 1
+    for mine, reference in zip(core, expected):
+        torch.testing.assert_close(mine, reference, rtol=1e-9, atol=1e-9)
+
+
+def test_generator_saves_no_hidden_layer_for_backward():
+    """Only the generator's input is kept for backward (plus the weights): its hidden layer is recomputed."""
+    metric = random_metric()
+    x = torch.randn(BATCH, SEQ, HIDDEN, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        cross_head = metric(x, 0)
+    parameters = {p.data_ptr() for p in metric.parameters()}
+    activations = [t for t in saved if t.data_ptr() not in parameters]
+    assert [tuple(t.shape) for t in activations] == [(BATCH * SEQ, HIDDEN)]
+    assert activations[0].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    cross_head.sum().backward()
+    assert x.grad is not None and metric.generators[0].fc_in.weight.grad is not None

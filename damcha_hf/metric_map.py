@@ -60,7 +60,10 @@ def offdiagonal_mass(matrix: torch.Tensor) -> float:
     total = magnitude.sum()
     if total == 0:
         return 0.0
-    return float((total - magnitude.diagonal().sum()) / total)
+    # Sum the off-diagonal entries themselves: `total - diagonal` rounds to a tiny nonzero (even negative) value
+    # when the off-diagonal part is exactly zero ("diagonal" mask).
+    off_diagonal = magnitude.masked_fill(torch.eye(*magnitude.shape, dtype=torch.bool, device=magnitude.device), 0)
+    return float(off_diagonal.sum() / total)
 
 
 def metric_modules(model: torch.nn.Module) -> list[torch.nn.Module]:

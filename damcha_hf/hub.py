@@ -33,6 +33,7 @@ from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
 
+from .families import DamchaFamily, family_for_model_type, family_of
 from .metric_map import MetricMap, is_vision_model, write_metric_map
 from .safe_files import (
     CARD_FILE,
@@ -79,7 +80,6 @@ class HubPushError(RuntimeError):
 # --------------------------------------------------------------------------------------------------------- the model
 
 
-FAMILY_NAMES = {"gpt2": "GPT-2", "vit": "ViT"}
 VARIANT_DESCRIPTIONS = {
     "talking_heads": "talking-heads attention (static H x H mixing of the attention logits and weights)",
     "dcmha": "DCMHA (dynamically composable multi-head attention: input-dependent mixing of the score maps)",
@@ -87,14 +87,15 @@ VARIANT_DESCRIPTIONS = {
 }
 
 
-def model_family(model) -> str:
-    """`"gpt2"` or `"vit"`, from the config's `model_type` (`damcha_gpt2`, `damcha_vit`)."""
-    return model.config.model_type.removeprefix("damcha_")
+def model_family(model) -> DamchaFamily:
+    """The architecture's declaration (`damcha_hf.families`), from the config's `model_type` (`damcha_llama`, ...)."""
+    return family_of(model)
 
 
 def cross_head_variant(model) -> str:
     """`"damcha"`, or the baseline attention the model runs instead (`talking_heads`, `dcmha`, `none`)."""
-    return getattr(model.config, "cross_head_variant", "damcha")
+    # Every DAMCHA config has the field; a config without it is a stock transformers model: plain attention.
+    return getattr(model.config, "cross_head_variant", "none")
 
 
 def pipeline_tag_and_auto_class(model) -> tuple[str, str]:
@@ -288,7 +289,7 @@ def build_model_card(
     # A dataset given as a local path is named by its base name (or left out): the card is meant to be published.
     datasets = [name for name in map(public_dataset_name, datasets) if name]
     config = model.config
-    family = model_family(model)
+    family = model_family(model).model_type
     pipeline_tag, auto_class = pipeline_tag_and_auto_class(model)
     log = parse_log_history(log_history) if log_history is not None else None
     results = resolve_eval_results(model, log, eval_results)
@@ -318,7 +319,7 @@ def build_model_card(
     )
 
     generator, total = generator_share(model)
-    family_name, variant = FAMILY_NAMES.get(family, family), cross_head_variant(model)
+    family_name, variant = model_family(model).display_name, cross_head_variant(model)
     if variant == "damcha":
         introduction = (
             f"A {family_name} model ({type(model).__name__}) with **DAMCHA** attention, data-adaptive cross-head "
@@ -387,7 +388,7 @@ def build_model_card(
 
 
 def loading_section(auto_class: str, repo_id: str, family: str, has_preprocessor: bool) -> str:
-    preprocessor_class = "AutoImageProcessor" if family == "vit" else "AutoTokenizer"
+    preprocessor_class = "AutoImageProcessor" if family_for_model_type(family).vision else "AutoTokenizer"
     imports = f"{auto_class}, {preprocessor_class}" if has_preprocessor else auto_class
 
     def snippet(plugin: bool) -> str:

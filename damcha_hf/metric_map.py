@@ -8,7 +8,8 @@ draws one heatmap panel per layer. The *off-diagonal mass* of a layer is
     sum_{i != j} |C_ij| / sum_{i, j} |C_ij|
 
 of its mean matrix: 0 for multi-head attention (`C = I`, a fresh or converted model), 1 when heads score only against
-other heads' keys.
+other heads' keys. With grouped-query attention (Llama) `C` is `H_kv x H_kv`, or `H x H_kv` for `metric_context="query"`,
+whose "diagonal" is the plain-GQA assignment of query head `i` to key head `i // (H / H_kv)`.
 
 Usage:
 
@@ -39,7 +40,7 @@ DEFAULT_MAX_TOKENS = 128
 class MetricMap:
     """Mean cross-head matrices of one model on some inputs."""
 
-    matrices: torch.Tensor  # (layers, heads, heads), float32 on CPU
+    matrices: torch.Tensor  # (layers, H or H_kv, H_kv), float32 on CPU
     offdiagonal_mass: list[float]  # one per layer
     tokens_seen: list[int]  # how many `C` matrices were averaged for each layer
     panels: int = 0  # heatmap panels drawn (one per layer); 0 until written
@@ -54,15 +55,20 @@ class MetricMap:
         return "\n".join(rows)
 
 
+def head_diagonal(rows: int, columns: int) -> torch.Tensor:
+    """The entries of plain attention's `C`: the identity, or query head `i` -> key head `i // (rows / columns)`."""
+    return (torch.arange(rows)[:, None] // (rows // columns) == torch.arange(columns)).to(torch.float32)
+
+
 def offdiagonal_mass(matrix: torch.Tensor) -> float:
-    """`sum_{i != j} |C_ij| / sum |C_ij|` of one `(H, H)` matrix (0 when it is all zero)."""
+    """`sum_{i != j} |C_ij| / sum |C_ij|` of one `(H, H)` (or `(H, H_kv)`) matrix (0 when it is all zero)."""
     magnitude = matrix.abs()
     total = magnitude.sum()
     if total == 0:
         return 0.0
     # Sum the off-diagonal entries themselves: `total - diagonal` rounds to a tiny nonzero (even negative) value
     # when the off-diagonal part is exactly zero ("diagonal" mask).
-    off_diagonal = magnitude.masked_fill(torch.eye(*magnitude.shape, dtype=torch.bool, device=magnitude.device), 0)
+    off_diagonal = magnitude * (1 - head_diagonal(*matrix.shape).to(magnitude.device, magnitude.dtype))
     return float(off_diagonal.sum() / total)
 
 
@@ -71,7 +77,7 @@ def metric_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     if not modules:
         raise ValueError(
             f"{type(model).__name__} has no `{METRIC_MODULE_NAME}`: the metric map needs a DAMCHA model "
-            "(convert a GPT-2 or ViT model with `damcha_hf.convert_to_damcha` first)."
+            "(convert a GPT-2, Llama or ViT model with `damcha_hf.convert_to_damcha` first)."
         )
     return modules
 
@@ -174,7 +180,7 @@ def compute_metric_map(model: torch.nn.Module, inputs=None, *, tokenizer=None) -
     Inputs run one batch at a time without padding, so every averaged `C` belongs to a real token (or, for
     `metric_context="sequence"`, a real sequence). The model's train/eval mode is restored afterwards.
     """
-    variant = getattr(model.config, "cross_head_variant", "damcha")
+    variant = getattr(model.config, "cross_head_variant", "none")  # a stock transformers config: plain attention
     if variant != "damcha":
         raise ValueError(
             f"{type(model).__name__} runs `cross_head_variant={variant!r}`, which has no cross-head metric C to draw; "
@@ -182,13 +188,13 @@ def compute_metric_map(model: torch.nn.Module, inputs=None, *, tokenizer=None) -
         )
     modules = metric_modules(model)
     num_layers = model.config.num_hidden_layers
-    num_heads = model.config.num_attention_heads
-    sums = torch.zeros(num_layers, num_heads, num_heads, dtype=torch.float64)
+    num_heads, num_key_value_heads = modules[0].num_heads, modules[0].num_key_value_heads  # C's rows and columns
+    sums = torch.zeros(num_layers, num_heads, num_key_value_heads, dtype=torch.float64)
     counts = [0] * num_layers
 
     def record(module, args, kwargs, output):
         layer_idx = args[1] if len(args) > 1 else kwargs.get("layer_idx", 0)
-        matrices = output.detach().to(torch.float64).reshape(-1, num_heads, num_heads)
+        matrices = output.detach().to(torch.float64).reshape(-1, num_heads, num_key_value_heads)
         sums[layer_idx] += matrices.sum(dim=0).cpu()
         counts[layer_idx] += matrices.shape[0]
 
@@ -216,7 +222,7 @@ def colour_limit(matrices: torch.Tensor) -> float:
     It is set by the off-diagonal entries, the cross-head terms DAMCHA learns: scaled to the diagonal (about 1) they
     would be invisible. Diagonal entries beyond it saturate. Without off-diagonal terms, the largest entry sets it.
     """
-    off_diagonal = matrices * (1 - torch.eye(matrices.shape[-1]))
+    off_diagonal = matrices * (1 - head_diagonal(*matrices.shape[-2:]))
     return float(off_diagonal.abs().max()) or float(matrices.abs().max()) or 1.0
 
 
@@ -227,7 +233,7 @@ def plot_metric_map(metric_map: MetricMap, path: str | os.PathLike, *, title: st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    num_layers, num_heads = metric_map.matrices.shape[:2]
+    num_layers, num_heads, num_key_heads = metric_map.matrices.shape
     columns = min(num_layers, 4)
     rows = -(-num_layers // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(2.6 * columns + 1.0, 2.6 * rows + 0.6), squeeze=False)
@@ -239,9 +245,8 @@ def plot_metric_map(metric_map: MetricMap, path: str | os.PathLike, *, title: st
             continue
         image = axis.imshow(metric_map.matrices[layer].numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
         axis.set_title(f"layer {layer}: off-diag {metric_map.offdiagonal_mass[layer]:.1%}", fontsize=9)
-        ticks = range(0, num_heads, max(1, num_heads // 8))
-        axis.set_xticks(list(ticks))
-        axis.set_yticks(list(ticks))
+        axis.set_xticks(list(range(0, num_key_heads, max(1, num_key_heads // 8))))
+        axis.set_yticks(list(range(0, num_heads, max(1, num_heads // 8))))
         if layer + columns >= num_layers:  # bottom panel of its column
             axis.set_xlabel("key head j", fontsize=8)
         if layer % columns == 0:

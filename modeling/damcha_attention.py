@@ -233,8 +233,8 @@ def init_metric_generator(module: nn.Module) -> None:
 
 
 def cross_head_variant_of(config) -> str:
-    """The config's `cross_head_variant` (`"damcha"` for a config without the field)."""
-    return getattr(config, "cross_head_variant", "damcha")
+    """The config's `cross_head_variant` (every DAMCHA config declares it)."""
+    return config.cross_head_variant
 
 
 def build_cross_head_mixing(config) -> nn.Module | None:

@@ -238,100 +238,82 @@ def resolve_resume(resume: str | None, output_dir: str, marker: str = "trainer_s
     return resume
 
 
+# `--model-type`: the `model_type` of a new model; "damcha" is DAMCHA GPT-2 (the default, kept for older commands).
+LANGUAGE_MODEL_TYPES = ("damcha", "damcha_gpt2", "gpt2", "damcha_llama", "llama")
+
+
 def gpt2_config(args: argparse.Namespace, vocab_size: int, tokenizer=None):
-    """A DAMCHA (or, with `--model-type gpt2`, plain) GPT-2 config from the size and metric options."""
-    from transformers import GPT2Config
+    """A new language-model config from the size and metric options: DAMCHA GPT-2 (default), plain GPT-2
+    (`--model-type gpt2`), DAMCHA Llama (`--model-type damcha_llama`, grouped-query with `--n-kv-head`) or plain
+    Llama (`--model-type llama`)."""
+    from transformers import GPT2Config, LlamaConfig
 
     import damcha_hf
 
-    sizes = {
-        "vocab_size": vocab_size,
-        "n_positions": args.block_size,
-        "n_embd": args.n_embd,
-        "n_layer": args.n_layer,
-        "n_head": args.n_head,
-        "resid_pdrop": args.dropout,
-        "embd_pdrop": args.dropout,
-        "attn_pdrop": args.dropout,
-    }
+    model_type = getattr(args, "model_type", "damcha")
+    special_tokens = {}
     if tokenizer is not None:
-        sizes.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                     pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-    if getattr(args, "model_type", "damcha") == "gpt2":
-        config = GPT2Config(**sizes)
+        special_tokens = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+                          "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
+    if model_type in ("llama", "damcha_llama"):
+        sizes = {
+            "vocab_size": vocab_size,
+            "max_position_embeddings": args.block_size,
+            "hidden_size": args.n_embd,
+            "num_hidden_layers": args.n_layer,
+            "num_attention_heads": args.n_head,
+            "num_key_value_heads": getattr(args, "n_kv_head", None) or args.n_head,
+            # SwiGLU has three matrices: 8/3 of the width (rounded up to a multiple of 32) matches GPT-2's 4x MLP size
+            "intermediate_size": -(-8 * args.n_embd // 3 // 32) * 32,
+            "attention_dropout": args.dropout,
+            **special_tokens,
+        }
+        plain, damcha = LlamaConfig, damcha_hf.DamchaLlamaConfig
     else:
-        config = damcha_hf.DamchaGPT2Config(**sizes, **metric_options(args))
+        sizes = {
+            "vocab_size": vocab_size,
+            "n_positions": args.block_size,
+            "n_embd": args.n_embd,
+            "n_layer": args.n_layer,
+            "n_head": args.n_head,
+            "resid_pdrop": args.dropout,
+            "embd_pdrop": args.dropout,
+            "attn_pdrop": args.dropout,
+            **special_tokens,
+        }
+        plain, damcha = GPT2Config, damcha_hf.DamchaGPT2Config
+    config = plain(**sizes) if model_type in ("gpt2", "llama") else damcha(**sizes, **metric_options(args))
     config._attn_implementation = args.attn
     return config
 
 
 def add_gpt2_size_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("model size (new models)")
-    group.add_argument("--model-type", choices=("damcha", "gpt2"), default="damcha",
-                       help="damcha (default) or gpt2 (plain multi-head attention, the baseline)")  # fmt: skip
+    group = parser.add_argument_group("model (new models)")
+    group.add_argument("--model-type", choices=LANGUAGE_MODEL_TYPES, default="damcha",
+                       help="damcha / damcha_gpt2 (DAMCHA GPT-2, default), gpt2 (plain GPT-2, the baseline), "
+                       "damcha_llama (DAMCHA Llama: RoPE, RMSNorm, SwiGLU, grouped-query with --n-kv-head) or llama "
+                       "(plain Llama)")  # fmt: skip
     group.add_argument("--n-layer", type=checks.positive_int, default=4)
     group.add_argument("--n-embd", type=checks.positive_int, default=128)
     group.add_argument("--n-head", type=checks.positive_int, default=8, help="must divide --n-embd (default: 8)")
+    group.add_argument("--n-kv-head", type=checks.positive_int,
+                       help="Llama: key/value heads, dividing --n-head (grouped-query; default: --n-head)")  # fmt: skip
     group.add_argument("--block-size", type=checks.positive_int, default=128,
                        help="context length in tokens (default: 128)")  # fmt: skip
     group.add_argument("--dropout", type=checks.probability, default=0.0)
 
 
-# Flags of a new GPT-2 model and the config fields they set: checked against the checkpoint on --resume.
+# Flags of a new language model and the config fields they set: checked against the checkpoint on --resume.
 GPT2_MODEL_FLAGS = {"n_layer": "n_layer", "n_embd": "n_embd", "n_head": "n_head", "block_size": "n_positions",
                     **{field: field for field in METRIC_FIELDS}}  # fmt: skip
+LLAMA_MODEL_FLAGS = {"n_layer": "num_hidden_layers", "n_embd": "hidden_size", "n_head": "num_attention_heads",
+                     "n_kv_head": "num_key_value_heads", "block_size": "max_position_embeddings",
+                     **{field: field for field in METRIC_FIELDS}}  # fmt: skip
 
 
-def add_text_data_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("data")
-    group.add_argument(
-        "--data",
-        default="stdlib",
-        type=checks.text_data_source,
-        help="a text file, folder of .txt files, glob, 'stdlib' (Python's standard library sources; default) or "
-        "'gcide' (the GCIDE dictionary)",
-    )
-    group.add_argument("--file-pattern", default="**/*.txt", help="files to read in a --data folder")
-    group.add_argument("--max-data-bytes", type=checks.positive_int, help="read only about this many bytes of text")
-    group.add_argument("--validation-fraction", type=checks.probability, default=0.05)
-    group.add_argument("--tokenizer", default="byte",
-                       help="'byte' (default; bits per byte = bits per token), 'bpe' (trained here), "
-                       "or a saved tokenizer folder")  # fmt: skip
-    group.add_argument("--bpe-vocab-size", type=checks.positive_int, default=4096)
-
-
-def build_tokenizer(args: argparse.Namespace, corpus):
-    from transformers import AutoTokenizer
-
-    from damcha_hf.data import byte_level_tokenizer, train_bpe_tokenizer
-
-    if args.tokenizer == "byte":
-        return byte_level_tokenizer()
-    if args.tokenizer == "bpe":
-        return train_bpe_tokenizer(corpus["train"]["text"], args.bpe_vocab_size)
-    if os.path.isdir(args.tokenizer):
-        return AutoTokenizer.from_pretrained(args.tokenizer)
-    raise ValueError(f"--tokenizer {args.tokenizer!r}: use 'byte', 'bpe' or an existing tokenizer folder.")
-
-
-def language_model_data(args: argparse.Namespace, tokenizer, corpus=None):
-    """(train blocks, validation blocks) from the data options."""
-    from damcha_hf.data import group_into_blocks, load_text_corpus
-
-    if corpus is None:
-        corpus = load_text_corpus(
-            args.data, validation_fraction=args.validation_fraction, seed=args.seed, max_bytes=args.max_data_bytes,
-            pattern=args.file_pattern,
-        )  # fmt: skip
-    # One document per row for folders and 'stdlib'; lines of one text otherwise.
-    separate_documents = args.data == "stdlib" or os.path.isdir(str(args.data))
-    blocks = group_into_blocks(corpus, tokenizer, args.block_size, separate_documents=separate_documents)
-    train, validation = blocks["train"], blocks["validation"]
-    if args.max_train_samples is not None:
-        train = train.select(range(min(args.max_train_samples, len(train))))
-    if args.max_eval_samples is not None:
-        validation = validation.select(range(min(args.max_eval_samples, len(validation))))
-    return train, validation
+def language_model_flags(saved_config: dict) -> dict[str, str]:
+    """The resume flags of a saved language-model config: Llama's field names for a Llama checkpoint, else GPT-2's."""
+    return LLAMA_MODEL_FLAGS if saved_config.get("model_type") in ("llama", "damcha_llama") else GPT2_MODEL_FLAGS
 
 
 def save_final_model(model, folder: str, *, tokenizer_or_processor=None, log_history=None, **card_fields) -> str:

@@ -77,7 +77,7 @@ def load_base(args):
 
 def cross_head_modules(config) -> list[str]:
     """The modules trained in full beside LoRA: DAMCHA's metric generator, or a baseline's per-layer head mixing."""
-    variant = getattr(config, "cross_head_variant", "damcha")
+    variant = config.cross_head_variant
     return {"damcha": ["cross_head_metric"], "none": []}.get(variant, ["cross_head_mixing"])
 
 

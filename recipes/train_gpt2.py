@@ -5,6 +5,7 @@
     python recipes/train_gpt2.py --data stdlib --tokenizer bpe --max-steps 2000   # BPE trained on the corpus
     python recipes/train_gpt2.py --data gcide --metric-context query --attn eager
     python recipes/train_gpt2.py --output-dir runs/gpt2 --resume                  # continue the latest checkpoint
+    python recipes/train_gpt2.py --model-type damcha_llama --n-head 8 --n-kv-head 2   # Llama, grouped-query
 
 On `--resume`, the checkpoint's model settings win: a model flag left out takes the checkpoint's value, one given with
 a different value is refused (naming every such flag).
@@ -34,6 +35,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.init_from:
         common.checks.check_heads_divide_width(parser, args.n_embd, args.n_head, width_flag="--n-embd",
                                                heads_flag="--n-head")  # fmt: skip
+    if args.n_kv_head is not None and not args.init_from:
+        if args.model_type not in ("llama", "damcha_llama"):
+            parser.error(f"--n-kv-head applies to --model-type llama or damcha_llama (grouped-query attention), not "
+                         f"{args.model_type}; leave it out for GPT-2.")  # fmt: skip
+        common.checks.check_heads_divide_width(parser, args.n_head, args.n_kv_head, width_flag="--n-head",
+                                               heads_flag="--n-kv-head")  # fmt: skip
     if args.init_from and not os.path.isdir(args.init_from):
         parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
     return args
@@ -49,10 +56,10 @@ def build_model(args, tokenizer):
     else:
         model = AutoModelForCausalLM.from_config(common.gpt2_config(args, len(tokenizer), tokenizer))
     check_tokenizer_matches_model(tokenizer, model.config)
-    if model.config.n_positions < args.block_size:
+    if model.config.max_position_embeddings < args.block_size:
         raise ValueError(
-            f"--block-size {args.block_size} exceeds the model's n_positions ({model.config.n_positions}); "
-            "use a smaller --block-size."
+            f"--block-size {args.block_size} exceeds the model's context length (`max_position_embeddings`, "
+            f"{model.config.max_position_embeddings}); use a smaller --block-size."
         )
     return model
 
@@ -61,7 +68,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     resume = common.resolve_resume(args.resume, args.output_dir)
     if resume:
-        common.check_resume_settings(args, resume, common.GPT2_MODEL_FLAGS, common.saved_model_config(resume))
+        saved = common.saved_model_config(resume)
+        common.check_resume_settings(args, resume, common.language_model_flags(saved), saved)
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
 
     import torch

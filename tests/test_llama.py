@@ -374,3 +374,48 @@ def test_info_tinyllama_preset_counts_the_generator_against_stock_tinyllama(caps
     generator = (2048 * 64 + 64) + (64 * 4 * 4 + 4 * 4)  # d -> r -> H_kv * H_kv
     assert f"parameters:         {stock + generator:,}" in printed
     assert f"cross-head params:  {generator:,} (" in printed
+
+
+# --- the metric heatmap and the model card --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("context, shape", [("token", (2, 2)), ("query", (8, 2))])
+def test_metric_map_of_a_grouped_query_model(context, shape, tmp_path):
+    from damcha_hf.metric_map import compute_metric_map, write_metric_map
+
+    model = damcha_lm(context, kv_heads=2)
+    ids = tokens(batch=1, seq=10)
+    metric_map = compute_metric_map(model, {"input_ids": ids})
+    assert metric_map.matrices.shape == (2, *shape) and metric_map.tokens_seen == [10, 10]
+    # naive: the generator on each layer's normalised attention input, averaged over tokens
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states
+    for layer in range(2):
+        x = model.model.layers[layer].input_layernorm(hidden[layer])[0]
+        expected = torch.stack([oracle_cross_head(model.model.cross_head_metric, z, *shape, "full") for z in x])
+        torch.testing.assert_close(metric_map.matrices[layer], expected.mean(0), rtol=1e-4, atol=1e-5)
+    assert all(0.05 < mass < 1 for mass in metric_map.offdiagonal_mass)
+    assert write_metric_map(model, tmp_path / "c.png").panels == 2
+
+    converted = damcha_hf.convert_to_damcha(LlamaForCausalLM(tiny_llama_config()).eval(), metric_context=context)
+    assert compute_metric_map(converted).offdiagonal_mass == [0.0, 0.0]  # C is the plain-GQA assignment
+
+
+def test_hub_checkpoint_and_card_of_a_llama_model(tmp_path):
+    from damcha_hf.data import byte_level_tokenizer
+    from damcha_hf.hub import save_hub_checkpoint
+
+    model = damcha_lm("token", kv_heads=2)
+    folder = save_hub_checkpoint(model, tmp_path / "llama", tokenizer_or_processor=byte_level_tokenizer(),
+                                 heatmap_inputs=tokens(batch=1, seq=8))  # fmt: skip
+    card = (folder / "README.md").read_text()
+    assert "pipeline_tag: text-generation" in card and "- llama" in card
+    assert "A Llama model (DamchaLlamaForCausalLM)" in card and "AutoTokenizer" in card
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert auto_map == {
+        "AutoConfig": "configuration_damcha_llama.DamchaLlamaConfig",
+        "AutoModel": "modeling_damcha_llama.DamchaLlamaModel",
+        "AutoModelForCausalLM": "modeling_damcha_llama.DamchaLlamaForCausalLM",
+        "AutoModelForSequenceClassification": "modeling_damcha_llama.DamchaLlamaForSequenceClassification",
+    }
+    assert (folder / "metric_heatmap.png").is_file() and (folder / "damcha_family.py").is_file()

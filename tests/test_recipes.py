@@ -19,6 +19,7 @@ from transformers import (
     AutoTokenizer,
     GPT2Config,
     GPT2LMHeadModel,
+    LlamaForCausalLM,
 )
 
 import damcha_hf
@@ -117,6 +118,25 @@ def test_train_gpt2_bpe_and_metric_options_reach_the_model(tmp_path, corpus):
         8,
     )
     assert config.n_layer == 2 and len(model.transformer.cross_head_metric.generators) == 2  # one per layer
+
+
+@pytest.mark.parametrize("model_type", ["damcha_llama", "llama"])
+def test_train_gpt2_recipe_trains_a_grouped_query_llama(tmp_path, corpus, model_type):
+    result = load_recipe("train_gpt2").main([
+        "--data", corpus, *TINY_GPT2_ARGS, "--max-steps", "6", "--output-dir", str(tmp_path),
+        "--model-type", model_type, "--n-kv-head", "2", "--metric-context", "query",
+    ])  # fmt: skip
+    assert result["global_step"] == 6
+    assert_loss_goes_down(losses(trainer_state(tmp_path / "checkpoint-6")["log_history"]))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    expected = damcha_hf.DamchaLlamaForCausalLM if model_type == "damcha_llama" else LlamaForCausalLM
+    assert type(model) is expected
+    config = model.config
+    assert (config.num_attention_heads, config.num_key_value_heads, config.hidden_size) == (4, 2, 32)
+    assert config.intermediate_size == 96  # 8/3 of the width, rounded up to a multiple of 32
+    if model_type == "damcha_llama":
+        assert config.metric_context == "query"
+        assert model.model.cross_head_metric.generators[0].fc_out.out_features == 4 * 2  # C is H x H_kv
 
 
 def _accelerate(args, *, launcher=None, timeout=300):

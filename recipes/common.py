@@ -316,6 +316,58 @@ def language_model_flags(saved_config: dict) -> dict[str, str]:
     return LLAMA_MODEL_FLAGS if saved_config.get("model_type") in ("llama", "damcha_llama") else GPT2_MODEL_FLAGS
 
 
+def add_text_data_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument(
+        "--data",
+        default="stdlib",
+        type=checks.text_data_source,
+        help="a text file, folder of .txt files, glob, 'stdlib' (Python's standard library sources; default) or "
+        "'gcide' (the GCIDE dictionary)",
+    )
+    group.add_argument("--file-pattern", default="**/*.txt", help="files to read in a --data folder")
+    group.add_argument("--max-data-bytes", type=checks.positive_int, help="read only about this many bytes of text")
+    group.add_argument("--validation-fraction", type=checks.probability, default=0.05)
+    group.add_argument("--tokenizer", default="byte",
+                       help="'byte' (default; bits per byte = bits per token), 'bpe' (trained here), "
+                       "or a saved tokenizer folder")  # fmt: skip
+    group.add_argument("--bpe-vocab-size", type=checks.positive_int, default=4096)
+
+
+def build_tokenizer(args: argparse.Namespace, corpus):
+    from transformers import AutoTokenizer
+
+    from damcha_hf.data import byte_level_tokenizer, train_bpe_tokenizer
+
+    if args.tokenizer == "byte":
+        return byte_level_tokenizer()
+    if args.tokenizer == "bpe":
+        return train_bpe_tokenizer(corpus["train"]["text"], args.bpe_vocab_size)
+    if os.path.isdir(args.tokenizer):
+        return AutoTokenizer.from_pretrained(args.tokenizer)
+    raise ValueError(f"--tokenizer {args.tokenizer!r}: use 'byte', 'bpe' or an existing tokenizer folder.")
+
+
+def language_model_data(args: argparse.Namespace, tokenizer, corpus=None):
+    """(train blocks, validation blocks) from the data options."""
+    from damcha_hf.data import group_into_blocks, load_text_corpus
+
+    if corpus is None:
+        corpus = load_text_corpus(
+            args.data, validation_fraction=args.validation_fraction, seed=args.seed, max_bytes=args.max_data_bytes,
+            pattern=args.file_pattern,
+        )  # fmt: skip
+    # One document per row for folders and 'stdlib'; lines of one text otherwise.
+    separate_documents = args.data == "stdlib" or os.path.isdir(str(args.data))
+    blocks = group_into_blocks(corpus, tokenizer, args.block_size, separate_documents=separate_documents)
+    train, validation = blocks["train"], blocks["validation"]
+    if args.max_train_samples is not None:
+        train = train.select(range(min(args.max_train_samples, len(train))))
+    if args.max_eval_samples is not None:
+        validation = validation.select(range(min(args.max_eval_samples, len(validation))))
+    return train, validation
+
+
 def save_final_model(model, folder: str, *, tokenizer_or_processor=None, log_history=None, **card_fields) -> str:
     """Save a Hub-ready checkpoint to `folder` with `damcha_hf.hub.save_hub_checkpoint` (weights, config, code,
     tokenizer or processor, model card, loss curve, metric heatmap), written to a temporary folder and renamed into

@@ -19,7 +19,6 @@ from transformers import (
     AutoTokenizer,
     GPT2Config,
     GPT2LMHeadModel,
-    LlamaForCausalLM,
 )
 
 import damcha_hf
@@ -120,7 +119,7 @@ def test_train_gpt2_bpe_and_metric_options_reach_the_model(tmp_path, corpus):
     assert config.n_layer == 2 and len(model.transformer.cross_head_metric.generators) == 2  # one per layer
 
 
-@pytest.mark.parametrize("model_type", ["damcha_llama", "llama"])
+@pytest.mark.parametrize("model_type", ["damcha_llama"])
 def test_train_gpt2_recipe_trains_a_grouped_query_llama(tmp_path, corpus, model_type):
     result = load_recipe("train_gpt2").main([
         "--data", corpus, *TINY_GPT2_ARGS, "--max-steps", "6", "--output-dir", str(tmp_path),
@@ -129,14 +128,21 @@ def test_train_gpt2_recipe_trains_a_grouped_query_llama(tmp_path, corpus, model_
     assert result["global_step"] == 6
     assert_loss_goes_down(losses(trainer_state(tmp_path / "checkpoint-6")["log_history"]))
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
-    expected = damcha_hf.DamchaLlamaForCausalLM if model_type == "damcha_llama" else LlamaForCausalLM
-    assert type(model) is expected
+    assert type(model) is damcha_hf.DamchaLlamaForCausalLM
     config = model.config
     assert (config.num_attention_heads, config.num_key_value_heads, config.hidden_size) == (4, 2, 32)
     assert config.intermediate_size == 96  # 8/3 of the width, rounded up to a multiple of 32
-    if model_type == "damcha_llama":
-        assert config.metric_context == "query"
-        assert model.model.cross_head_metric.generators[0].fc_out.out_features == 4 * 2  # C is H x H_kv
+    assert config.metric_context == "query"
+    assert model.model.cross_head_metric.generators[0].fc_out.out_features == 4 * 2  # C is H x H_kv
+
+
+def test_train_gpt2_recipe_refuses_key_value_heads_that_do_not_divide_the_heads(tmp_path, corpus, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_recipe("train_gpt2").main([
+            "--data", corpus, *TINY_GPT2_ARGS, "--output-dir", str(tmp_path), "--model-type", "damcha_llama",
+            "--n-kv-head", "3",
+        ])  # fmt: skip
+    assert exit_info.value.code == 2 and "--n-kv-head" in capsys.readouterr().err
 
 
 def _accelerate(args, *, launcher=None, timeout=300):

@@ -3,6 +3,10 @@
 Part of the remote-code payload: imports only transformers and its sibling files.
 """
 
+import json
+
+from transformers.utils import CONFIG_NAME, cached_file
+
 from .damcha_attention import (
     check_attention_backend,
     cross_head_variant_of,
@@ -14,6 +18,25 @@ from .damcha_attention import (
 def _code_reference(cls: type) -> str:
     """`module_file.ClassName`, the form `auto_map` uses for code saved next to the weights."""
     return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+
+
+def _saved_config(pretrained_model_name_or_path, kwargs) -> dict:
+    """The checkpoint's own config.json (as saved, before any override), or {} when it cannot be read."""
+    try:
+        path = cached_file(
+            pretrained_model_name_or_path,
+            CONFIG_NAME,
+            subfolder=kwargs.get("subfolder", ""),
+            revision=kwargs.get("revision"),
+            cache_dir=kwargs.get("cache_dir"),
+            local_files_only=kwargs.get("local_files_only", False),
+            token=kwargs.get("token"),
+            _raise_exceptions_for_missing_entries=False,
+        )
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError, TypeError):
+        return {}
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -66,6 +89,30 @@ class DamchaPreTrainedMixin:
             if getattr(cls, "_auto_class", None) and cls.__module__ == type(self).__module__:
                 auto_map[cls._auto_class] = _code_reference(cls)
         return auto_map
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        # A DAMCHA checkpoint without its metric-generator weights would load with the generator at zero, i.e. as
+        # plain multi-head attention, with only transformers' generic MISSING report: refuse it. (Converting a stock
+        # GPT-2 / ViT / Llama checkpoint, which has no generator, is the intended way to start from zero.)
+        wants_loading_info = kwargs.pop("output_loading_info", False)
+        model, loading_info = super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+        )
+        missing = sorted(key for key in loading_info["missing_keys"] if "cross_head_metric." in key)
+        if missing and getattr(model.config, "cross_head_variant", "damcha") == "damcha":
+            saved = _saved_config(pretrained_model_name_or_path, kwargs)
+            if str(saved.get("model_type", "")).startswith("damcha_") and saved.get("cross_head_variant", "damcha") == (
+                "damcha"
+            ):
+                raise ValueError(
+                    f"{cls.__name__}.from_pretrained({str(pretrained_model_name_or_path)!r}): this DAMCHA checkpoint "
+                    f"lacks metric-generator weights ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}), "
+                    "so the model would silently run as plain multi-head attention. Use a complete checkpoint (save "
+                    "it again from the trained model), keep its `metric_sharing` when loading, or pass "
+                    "`cross_head_variant='none'` if plain attention is what you want."
+                )
+        return (model, loading_info) if wants_loading_info else model
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         if self.is_remote_code():  # registered for remote code: the model files are copied next to the weights

@@ -16,7 +16,10 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from damcha_hf_cli import light_import
+try:
+    from damcha_hf_cli import light_import
+except ModuleNotFoundError:  # an install older than damcha_hf_cli (editable installs: re-run `pip install -e .`)
+    from importlib import import_module as light_import
 
 if TYPE_CHECKING:
     import torch

@@ -432,6 +432,26 @@ def test_perplexity_overflow_is_infinite_not_an_error():
     assert load_metric("perplexity", "nll").compute(predictions=[2.0], references=[2])["perplexity"] == math.e
 
 
+def test_a_damcha_checkpoint_missing_its_generator_is_refused_not_loaded_as_mha(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "ckpt"
+    tiny_lm().save_pretrained(folder)
+    weights = load_file(folder / "model.safetensors")
+    kept = {key: value for key, value in weights.items() if "cross_head_metric" not in key}
+    assert len(kept) < len(weights)
+    save_file(kept, folder / "model.safetensors", metadata={"format": "pt"})
+    for loader in (damcha_hf.DamchaGPT2LMHeadModel, AutoModelForCausalLM):
+        with pytest.raises(ValueError, match="lacks metric-generator weights.*plain multi-head attention"):
+            loader.from_pretrained(folder)
+    # A stock GPT-2 checkpoint has no generator by design: it converts, the generator starting at zero.
+    stock = tmp_path / "stock"
+    GPT2LMHeadModel(tiny_gpt2_config()).save_pretrained(stock)
+    model, info = damcha_hf.DamchaGPT2LMHeadModel.from_pretrained(stock, output_loading_info=True)
+    assert any("cross_head_metric" in key for key in info["missing_keys"])
+    assert all(p.abs().sum() == 0 for n, p in model.named_parameters() if "cross_head_metric" in n and "fc_out" in n)
+
+
 def test_heatmap_of_a_vit_with_a_non_square_image(tmp_path):
     model = damcha_hf.DamchaViTModel(tiny_damcha_vit_config(image_size=(28, 16))).eval()
     randomize_metric(model)
@@ -450,6 +470,10 @@ HEAVY = ("torch", "transformers", "accelerate", "peft", "datasets", "damcha_hf")
     + [[str(RECIPES / f"{name}.py"), "--help"] for name in RECIPE_NAMES],
 )
 def test_help_imports_no_torch_transformers_or_the_package(argv):
+    assert importlib.util.find_spec("damcha_hf_cli"), (
+        "damcha_hf_cli (the torch-free console-script entry point, in setup.cfg's py_modules) is not installed: "
+        "re-run `pip install -e .`"
+    )
     code = f"""
 import json, runpy, sys
 sys.argv = {argv!r}

@@ -3,10 +3,6 @@
 Part of the remote-code payload: imports only transformers and its sibling files.
 """
 
-import json
-
-from transformers.utils import CONFIG_NAME, cached_file
-
 from .damcha_attention import (
     check_attention_backend,
     cross_head_variant_of,
@@ -20,23 +16,16 @@ def _code_reference(cls: type) -> str:
     return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
 
 
-def _saved_config(pretrained_model_name_or_path, kwargs) -> dict:
+def _saved_config(config_class, pretrained_model_name_or_path, kwargs) -> dict:
     """The checkpoint's own config.json (as saved, before any override), or {} when it cannot be read."""
+    names = ("subfolder", "revision", "cache_dir", "local_files_only", "token")
     try:
-        path = cached_file(
-            pretrained_model_name_or_path,
-            CONFIG_NAME,
-            subfolder=kwargs.get("subfolder", ""),
-            revision=kwargs.get("revision"),
-            cache_dir=kwargs.get("cache_dir"),
-            local_files_only=kwargs.get("local_files_only", False),
-            token=kwargs.get("token"),
-            _raise_exceptions_for_missing_entries=False,
+        saved, _ = config_class.get_config_dict(
+            pretrained_model_name_or_path, **{name: kwargs[name] for name in names if name in kwargs}
         )
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
     except (OSError, ValueError, TypeError):
         return {}
+    return saved
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -101,7 +90,7 @@ class DamchaPreTrainedMixin:
         )
         missing = sorted(key for key in loading_info["missing_keys"] if "cross_head_metric." in key)
         if missing and getattr(model.config, "cross_head_variant", "damcha") == "damcha":
-            saved = _saved_config(pretrained_model_name_or_path, kwargs)
+            saved = _saved_config(cls.config_class, pretrained_model_name_or_path, kwargs)
             if str(saved.get("model_type", "")).startswith("damcha_") and saved.get("cross_head_variant", "damcha") == (
                 "damcha"
             ):

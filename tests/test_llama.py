@@ -13,8 +13,6 @@ from transformers import (
     AutoModelForSequenceClassification,
     GenerationMixin,
     LlamaForCausalLM,
-    LlamaForSequenceClassification,
-    LlamaModel,
 )
 
 import damcha_hf
@@ -160,16 +158,6 @@ def test_converted_lm_equals_stock_llama(kv_heads, context, attn):
         torch.testing.assert_close(damcha(ids).logits, stock(ids).logits, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("stock_class, damcha_class", [(LlamaModel, DamchaLlamaModel), (LlamaForSequenceClassification, DamchaLlamaForSequenceClassification)])  # fmt: skip
-def test_convert_base_and_classification_models(stock_class, damcha_class):
-    stock = stock_class(tiny_llama_config(num_labels=3)).eval()
-    damcha = damcha_hf.convert_to_damcha(stock, metric_context="query")
-    assert type(damcha) is damcha_class
-    ids = tokens()
-    with torch.no_grad():
-        torch.testing.assert_close(damcha(ids)[0], stock(ids)[0], rtol=0, atol=1e-5)
-
-
 def test_tied_embeddings_stay_tied():
     stock = LlamaForCausalLM(tiny_llama_config(tie_word_embeddings=True)).eval()
     damcha = damcha_hf.convert_to_damcha(stock)
@@ -284,7 +272,7 @@ def test_future_tokens_do_not_change_past_logits(context):
     assert (a[:, 9:] - b[:, 9:]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("context", CAUSAL_CONTEXTS)
+@pytest.mark.parametrize("context", ["query"])  # "token": test_families.py
 def test_gradient_checkpointing_gives_the_same_gradients(context):
     model = damcha_lm(context).train()
     ids = tokens()

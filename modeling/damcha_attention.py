@@ -15,7 +15,9 @@ Where ``C`` may depend on the tokens is ``metric_context``:
 * ``"sequence"``: one ``C`` per sequence from the mean hidden state (the literal ``M(X)``). Bidirectional only.
 * ``"query"``: ``C`` from the query token, ``S_i[t, s] = sum_j C_ij(x_t) Q_i[t] . K_j[s]``, computed exactly in
   expanded-query form: query ``[C_i1 q_i, ..., C_iH q_i]`` (width ``H * d_h``) against the full-width key shared
-  by every head. It costs ``H`` times the ``QK^T`` of multi-head attention.
+  by every head. It costs ``H`` times the ``QK^T`` of multi-head attention. The key itself is not mixed, so the KV
+  cache stores the plain per-head keys in the usual ``(batch, heads, seq, head_dim)`` layout (every cache class,
+  static included, fits it) and the full-width key is formed after the cache update (``full_width_key``).
 
 Grouped-query attention (Llama-style decoders: ``H`` query heads share ``H_kv`` key/value heads, ``H_kv`` dividing
 ``H``). What users choose GQA for is a KV cache ``H / H_kv`` times smaller and the fused kernels that read it, so DAMCHA
@@ -47,6 +49,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .damcha_options import METRIC_CONTEXTS, METRIC_MASKS
@@ -285,6 +288,7 @@ def cross_head_query_key(
     layer_idx: int,
     metric_context: str,
     metric_mask: str = "full",
+    token_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn multi-head `(query, key)` into DAMCHA's, for any attention function.
 
@@ -293,36 +297,60 @@ def cross_head_query_key(
             tokens (after any rotary embedding); `kv_heads` divides `heads` (grouped-query attention) or equals it.
         hidden_states: `(batch, seq, hidden)`, the normalised attention input `X` of the same tokens.
         metric: the model's `CrossHeadMetric`.
+        token_mask: `(batch, seq)`, True for real tokens and False for padding, or None (no padding). Only
+            `"sequence"` uses it: its `C` comes from the mean over the real tokens.
 
     Returns:
-        `(query, key)`. For `"token"` and `"sequence"` the query is unchanged and the key is the mixed `K~`
-        (same shape). For `"query"` the query is `(batch, heads, seq, kv_heads * head_dim)` and the key is
-        `(batch, 1, seq, kv_heads * head_dim)`, shared by every head: cache it as it is, and broadcast it to the
-        heads with `expand_shared_key` before attention.
+        `(query, key)`, each to be handed on as it is (the key to the KV cache). For `"token"` and `"sequence"` the
+        query is unchanged and the key is the mixed `K~` (same shape). For `"query"` the query is
+        `(batch, heads, seq, kv_heads * head_dim)` and the key is the plain per-head key, unchanged: after the cache
+        update, `full_width_key` turns it into the key every head's expanded query scores against.
     """
     if metric_context == "token":
         cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, s, H, H)
         return query, mix_keys_per_token(cross_head, key)
     if metric_context == "sequence":
-        cross_head = metric(hidden_states.mean(dim=1), layer_idx, metric_mask)  # (b, H, H)
+        cross_head = metric(masked_mean(hidden_states, token_mask), layer_idx, metric_mask)  # (b, H, H)
         return query, mix_keys_per_sequence(cross_head, key)
     if metric_context == "query":
-        batch = query.shape[0]
         cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, t, H, H_kv)
         # expanded[b, i, t, j, :] = C_ij(x_t) * q_i[t]
         expanded = cross_head.permute(0, 2, 1, 3).unsqueeze(-1) * query.unsqueeze(-2)
-        full_width_key = key.transpose(1, 2).reshape(batch, 1, key.shape[2], -1)  # H_kv * d_h wide
-        return expanded.flatten(-2), full_width_key
+        return expanded.flatten(-2), key
     raise ValueError(
         f"unknown `metric_context` {metric_context!r}; choose one of {', '.join(map(repr, METRIC_CONTEXTS))}."
     )
 
 
-def expand_shared_key(key: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Broadcast a key shared by every head (`"query"` context, shape `(b, 1, s, d)`) to `(b, H, s, d)`; else no-op."""
-    if key.shape[1] == 1 and num_heads > 1:
-        return key.expand(-1, num_heads, -1, -1)
-    return key
+def masked_mean(hidden_states: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of `hidden_states` `(batch, seq, hidden)` over the tokens where `token_mask` `(batch, seq)` is True
+    (every token when it is None), so that padding does not change a `"sequence"` metric."""
+    if token_mask is None:
+        return hidden_states.mean(dim=1)
+    weights = token_mask.to(hidden_states.dtype).unsqueeze(-1)
+    # A row without real tokens (every query of it is masked anyway) gets the zero vector rather than NaN.
+    return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
+
+
+def full_width_key(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """The key the attention function gets for `query`.
+
+    For `"query"`, the expanded query `(b, H, t, H_kv * d_h)` scores against the keys of every key/value head laid
+    side by side: `key` `(b, H_kv, s, d_h)` (as the cache returns it) becomes `(b, 1, s, H_kv * d_h)`, broadcast
+    (a view, no copy) to the `H_kv` key heads; the attention functions repeat keys and values alike to the query
+    heads for grouped queries. Any other query has the key's own width and gets `key` unchanged.
+    """
+    if query.shape[-1] == key.shape[-1]:
+        return key
+    batch, kv_heads, seq, head_dim = key.shape
+    shared = key.transpose(1, 2).reshape(batch, 1, seq, kv_heads * head_dim)
+    return shared.expand(-1, kv_heads, -1, -1)
+
+
+def self_attention_cache(cache):
+    """The cache the self-attention layers update: an `EncoderDecoderCache` (a decoder with cross-attention, e.g.
+    GPT-2 with `add_cross_attention=True`) holds it as `.self_attention_cache`, as stock GPT-2 reads it."""
+    return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
 
 
 def check_attention_backend(metric_context: str, attn_implementation: str | None) -> None:
@@ -404,6 +432,8 @@ def cross_head_attention(
     default_attention: Callable,
     dropout: float,
     cache=None,
+    past_key_values=None,
+    token_mask: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Cross-head attention for any model, dispatched on `config.cross_head_variant`; updates the KV cache.
@@ -413,6 +443,9 @@ def cross_head_attention(
     `query`, `key`, `value` are its `(batch, heads, seq, head_dim)` projections of `hidden_states`;
     `metric` is the model's `CrossHeadMetric` (`"damcha"` only);
     `default_attention` is the model's eager attention function, used when `config._attn_implementation` is eager.
+    `cache` (transformers >= 5.24) or `past_key_values` (5.23 and earlier) is the KV cache, a plain or an
+    `EncoderDecoderCache` (whose self-attention part is updated); `token_mask` `(batch, seq)` marks the real tokens
+    for `"sequence"` (see `cross_head_query_key`).
     Returns `(attn_output (batch, seq, heads, head_dim), attn_weights or None)` as the attention functions do.
 
     `"damcha"` mixes `(query, key)` and runs the configured attention function; `"none"` runs it on the plain
@@ -422,6 +455,8 @@ def cross_head_attention(
     """
     config = module.config
     variant = cross_head_variant_of(config)
+    # transformers renamed the cache argument in 5.24; whichever name the caller used, it is the same cache.
+    cache = self_attention_cache(cache if cache is not None else past_key_values)
     if variant in SCORE_MIXING_VARIANTS:
         return _score_mixing_cross_head_attention(
             module, hidden_states, query, key, value, attention_mask, dropout=dropout, cache=cache, **kwargs
@@ -441,11 +476,11 @@ def cross_head_attention(
             layer_idx=module.layer_idx or 0,
             metric_context=config.metric_context,
             metric_mask=config.metric_mask,
+            token_mask=token_mask,
         )
     if cache is not None:
         key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
-    # As many key heads as value heads: the attention functions repeat both to the query heads for grouped queries.
-    key = expand_shared_key(key, value.shape[1])
+    key = full_width_key(query, key)
     attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, default_attention)
     return attention_interface(
         module, query, key, value, attention_mask, dropout=dropout, scaling=module.scaling, **kwargs

@@ -4,8 +4,9 @@ Only the self-attention changes; embeddings, MLPs, heads, weight names and the c
 checkpoint loads with all weights kept and (the metric generator starting at zero) identical outputs. Cross-attention
 layers (`add_cross_attention=True`) stay plain multi-head attention.
 
-Tested with transformers 5.23 and 5.24, whose GPT-2 internals (the `cache` argument, `ALL_ATTENTION_FUNCTIONS`,
-output recording) this file relies on.
+Tested with transformers 5.23 and 5.24, whose GPT-2 internals (the cache argument, named `past_key_values` in 5.23
+and `cache` in 5.24, `ALL_ATTENTION_FUNCTIONS`, output recording) this file relies on; `tests/test_contract.py`
+checks that every class here still has the modules, attributes and forward arguments of the class it extends.
 """
 
 import functools
@@ -13,6 +14,7 @@ import functools
 import torch
 from torch import nn
 from transformers import GenerationMixin
+from transformers.cache_utils import Cache
 from transformers.models.gpt2.modeling_gpt2 import (
     GPT2Attention,
     GPT2Block,
@@ -52,12 +54,23 @@ class DamchaGPT2Attention(GPT2Attention):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        cache=None,
+        cache: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        output_attentions: bool | None = False,
         cross_head_metric: CrossHeadMetric | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        kwargs.pop("output_attentions", None)
+        # Every argument of `GPT2Attention.forward` is named here, so that none lands unread in `**kwargs`: the cache
+        # is `cache` from transformers 5.24 on and `past_key_values` before (`GPT2Block` passes it by name).
+        # `output_attentions` is answered by transformers' output recording, which reads the returned weights.
+        if encoder_hidden_states is not None:
+            raise ValueError(
+                f"{type(self).__name__} is self-attention only; cross-attention (`add_cross_attention=True`) runs in "
+                "the block's `crossattention`, a stock `GPT2Attention`."
+            )
         query, key, value = self.c_attn(hidden_states).split(self.split_size, dim=2)
         head_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
         query, key, value = (t.view(head_shape).transpose(1, 2) for t in (query, key, value))
@@ -74,6 +87,7 @@ class DamchaGPT2Attention(GPT2Attention):
             else eager_attention_forward,
             dropout=self.attn_dropout.p if self.training else 0.0,
             cache=cache,
+            past_key_values=past_key_values,
             **kwargs,
         )
         attn_output = attn_output.reshape(*attn_output.shape[:-2], -1).contiguous()

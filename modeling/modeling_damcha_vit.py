@@ -57,8 +57,10 @@ class DamchaViTAttention(ViTAttention):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         cross_head_metric: CrossHeadMetric | None = None,
+        token_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`token_mask` `(batch, seq)`: True for the tokens `"sequence"` averages over (the unpadded ones)."""
         head_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
         query, key, value = (
             projection(hidden_states).view(head_shape).transpose(1, 2)
@@ -74,6 +76,7 @@ class DamchaViTAttention(ViTAttention):
             metric=cross_head_metric,
             default_attention=eager_attention_forward,
             dropout=self.attention_dropout if self.training else 0.0,
+            token_mask=token_mask,
             **kwargs,
         )
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
@@ -130,6 +133,24 @@ def check_pixel_values(config: DamchaViTConfig, pixel_values, interpolate_pos_en
         )
 
 
+def attended_tokens(attention_mask: torch.Tensor) -> torch.Tensor:
+    """`(batch, seq)` bool, True for the tokens `attention_mask` lets any query attend to.
+
+    Takes the forms `ViTModel` accepts: `(batch, seq)` with 1 for real tokens and 0 for padding, or a 4D
+    `(batch, 1 or heads, queries, keys)` mask, boolean (True = attend) or additive float (0 = attend).
+    """
+    if attention_mask.dim() == 2:
+        return attention_mask.bool()
+    if attention_mask.dim() == 4:
+        if attention_mask.dtype != torch.bool:
+            attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+        return attention_mask.any(dim=1).any(dim=1)
+    raise ValueError(
+        f"`attention_mask` must be (batch, seq) with 1 for real tokens and 0 for padding (or a 4D attention mask), got "
+        f"shape {tuple(attention_mask.shape)}."
+    )
+
+
 class DamchaViTModel(DamchaViTPreTrainedModel, ViTModel):
     def __init__(self, config: DamchaViTConfig, add_pooling_layer: bool = True, use_mask_token: bool = False):
         r"""
@@ -161,11 +182,9 @@ class DamchaViTModel(DamchaViTPreTrainedModel, ViTModel):
     ):
         check_pixel_values(self.config, pixel_values, interpolate_pos_encoding)
         sequence_metric = cross_head_variant_of(self.config) == "damcha" and self.config.metric_context == "sequence"
-        if attention_mask is not None and sequence_metric and not bool(attention_mask.all()):
-            raise ValueError(
-                "`metric_context='sequence'` averages every token of an image, masked ones included, so it cannot "
-                "honour an `attention_mask` that masks tokens; use `metric_context='token'` or `'query'` with one."
-            )
+        if sequence_metric and attention_mask is not None:
+            # `"sequence"` takes its metric from the mean over the tokens the mask keeps (padding leaves it unchanged).
+            kwargs["token_mask"] = attended_tokens(attention_mask)
         # The metric travels down to every attention layer with the call, rather than as a module reference held
         # by each layer, so that wrappers (PEFT's modules_to_save, FSDP) that replace it are always the ones used.
         return ViTModel.forward(

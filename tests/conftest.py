@@ -1,5 +1,6 @@
 """Shared test setup: offline, deterministic, tiny random configs."""
 
+import inspect
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -9,11 +10,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import GPT2Config, LlamaConfig, ViTConfig  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, ViTConfig  # noqa: E402
 
 import damcha_hf  # noqa: E402,F401  (registers the Auto classes)
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+# The keyword under which the installed transformers passes the KV cache to a model (`past_key_values` up to 5.23,
+# `cache` from 5.24 on), so that the tests run on every version the package supports.
+CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(GPT2LMHeadModel.forward).parameters else "past_key_values"
 
 TINY_GPT2 = dict(
     vocab_size=97,
@@ -90,6 +95,20 @@ def randomize_metric(model: torch.nn.Module, scale: float = 0.5, seed: int = 0) 
         for name, parameter in model.named_parameters():
             if "cross_head_metric" in name:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
+
+
+def randomize_cross_head(model: torch.nn.Module, scale: float = 0.3, seed: int = 0) -> None:
+    """Move every cross-head parameter off its MHA start: DAMCHA's generator, the talking-heads matrices and DCMHA's
+    projections (identity-initialised matrices get identity + noise, the others noise)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "cross_head_" not in name:
+                continue
+            noise = torch.randn(parameter.shape, generator=generator) * scale
+            if name.endswith(("logits_projection", "weights_projection", "base_projection")):
+                noise = noise + torch.eye(parameter.shape[-1])
+            parameter.copy_(noise)
 
 
 @pytest.fixture(autouse=True)

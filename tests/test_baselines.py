@@ -9,7 +9,14 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_damcha_gpt2_config, tiny_damcha_vit_config, tiny_gpt2_config, tiny_vit_config
+from conftest import (
+    CACHE_ARGUMENT,
+    randomize_cross_head,
+    tiny_damcha_gpt2_config,
+    tiny_damcha_vit_config,
+    tiny_gpt2_config,
+    tiny_vit_config,
+)
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -27,20 +34,6 @@ SCORE_MIXING = ["talking_heads", "dcmha"]
 
 def tokens(batch=2, seq=12, seed=0):
     return torch.randint(1, 97, (batch, seq), generator=torch.Generator().manual_seed(seed))
-
-
-def randomize_cross_head(model: torch.nn.Module, scale: float = 0.3, seed: int = 0) -> None:
-    """Move every cross-head parameter off its MHA start: DAMCHA's generator, the talking-heads matrices and DCMHA's
-    projections (identity-initialised matrices get identity + noise, the others noise)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "cross_head_" not in name:
-                continue
-            noise = torch.randn(parameter.shape, generator=generator) * scale
-            if name.endswith(("logits_projection", "weights_projection", "base_projection")):
-                noise = noise + torch.eye(parameter.shape[-1])
-            parameter.copy_(noise)
 
 
 def variant_lm(variant, randomize=True, **overrides) -> DamchaGPT2LMHeadModel:
@@ -242,9 +235,9 @@ def test_dcmha_cache_stores_key_weights_per_position():
     with torch.no_grad():
         full = model(ids).logits
         prefill = model(ids[:, :6], use_cache=True)
-        cache, steps = prefill.cache if hasattr(prefill, "cache") else prefill.past_key_values, [prefill.logits]
+        cache, steps = getattr(prefill, CACHE_ARGUMENT), [prefill.logits]
         for position in range(6, 10):
-            step = model(ids[:, position : position + 1], cache=cache, use_cache=True)
+            step = model(ids[:, position : position + 1], use_cache=True, **{CACHE_ARGUMENT: cache})
             steps.append(step.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5)
     keys = cache.layers[0].keys

@@ -9,7 +9,7 @@ from torch.nn import functional as F
 from damcha_hf.modeling.damcha_attention import (
     CrossHeadMetric,
     cross_head_query_key,
-    expand_shared_key,
+    full_width_key,
 )
 
 BATCH, SEQ, HIDDEN, HEADS = 2, 5, 24, 3
@@ -62,7 +62,7 @@ def test_query_key_scores_match_head_pair_oracle(context, mask):
     mixed_query, mixed_key = cross_head_query_key(
         query, key, x, metric, layer_idx=layer_idx, metric_context=context, metric_mask=mask
     )
-    scores = mixed_query @ expand_shared_key(mixed_key, HEADS).transpose(-1, -2)
+    scores = mixed_query @ full_width_key(mixed_query, mixed_key).transpose(-1, -2)
     expected = oracle_scores(query, key, x, metric, layer_idx, context, mask)
     torch.testing.assert_close(scores, expected, rtol=1e-4, atol=1e-4)
     # Sanity: the random metric really is far from the identity, so the test could tell DAMCHA from MHA.
@@ -76,7 +76,7 @@ def test_zero_generator_is_identity_and_mha_scores():
     query, key = torch.randn(2, BATCH, HEADS, SEQ, HEAD_DIM)
     for context in ("token", "sequence", "query"):
         mixed_query, mixed_key = cross_head_query_key(query, key, x, metric, layer_idx=0, metric_context=context)
-        scores = mixed_query @ expand_shared_key(mixed_key, HEADS).transpose(-1, -2)
+        scores = mixed_query @ full_width_key(mixed_query, mixed_key).transpose(-1, -2)
         torch.testing.assert_close(scores, query @ key.transpose(-1, -2), rtol=0, atol=1e-6)
 
 
@@ -106,7 +106,7 @@ def test_scaled_softmax_attention_over_mixed_keys_is_ordinary_attention():
     x = torch.randn(BATCH, SEQ, HIDDEN)
     for context in ("token", "query"):
         mixed_query, mixed_key = cross_head_query_key(query, key, x, metric, layer_idx=0, metric_context=context)
-        mixed_key = expand_shared_key(mixed_key, HEADS)
+        mixed_key = full_width_key(mixed_query, mixed_key)
         out = F.scaled_dot_product_attention(mixed_query, mixed_key, value, scale=1 / math.sqrt(HEAD_DIM))
         weights = torch.softmax(oracle_scores(query, key, x, metric, 0, context, "full") / math.sqrt(HEAD_DIM), -1)
         torch.testing.assert_close(out, weights @ value, rtol=1e-4, atol=1e-4)
@@ -152,7 +152,7 @@ def test_gradients_match_head_pair_oracle(context, mask):
     def core_scores(q, k, z):
         mixed_query, mixed_key = cross_head_query_key(q, k, z, metric, layer_idx=1, metric_context=context,
                                                       metric_mask=mask)  # fmt: skip
-        return mixed_query @ expand_shared_key(mixed_key, HEADS).transpose(-1, -2)
+        return mixed_query @ full_width_key(mixed_query, mixed_key).transpose(-1, -2)
 
     def oracle(q, k, z):
         return oracle_scores(q, k, z, metric, 1, context, mask)

@@ -426,10 +426,6 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
         model(images(size=30), interpolate_pos_encoding=True)
     with pytest.raises(ValueError, match=r"\(batch, num_channels, height, width\)"):
         model(torch.randn(1, 28, 28))
-    mask = torch.ones(3, 50, dtype=torch.long)
-    mask[:, -5:] = 0
-    with pytest.raises(ValueError, match="metric_context='token'"):
-        model(images(), attention_mask=mask)
     # A checkpoint of another architecture is refused at config load.
     damcha_hf.DamchaGPT2Config(n_embd=32, n_layer=1, n_head=4).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="model_type='damcha_gpt2'"):

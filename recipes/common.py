@@ -30,7 +30,9 @@ options = light_import("damcha_hf.modeling.damcha_options")
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 # What a recipe writes directly in --output-dir: Trainer / Accelerate checkpoints, the final model, the results.
-RUN_FOLDER_ENTRIES = ("checkpoint-*", "final", "eval_results.json", "adapter", "merged", "parameter_sha256_rank*.txt")
+RUN_SETTINGS_FILE = "run_settings.json"  # the model settings of a run whose checkpoints do not hold its config
+RUN_FOLDER_ENTRIES = ("checkpoint-*", "final", "eval_results.json", "adapter", "merged", "parameter_sha256_rank*.txt",
+                      RUN_SETTINGS_FILE)  # fmt: skip
 RUN_FOLDER_CHECKPOINTS = ("final", "merged")  # replaced as a whole by the final save
 
 
@@ -153,10 +155,15 @@ def check_resume_settings(args: argparse.Namespace, resume: str | None, flags: d
 
 
 def saved_model_config(checkpoint: str) -> dict:
-    """The model config saved in a checkpoint folder: its `config.json`, or the `model_config` of an Accelerate
-    recipe's loop state. Empty when neither is there."""
-    for name, key in (("config.json", None), ("loop_state.json", "model_config")):
-        path = os.path.join(checkpoint, name)
+    """The model config saved in a checkpoint folder: its `config.json`, the `model_config` of an Accelerate
+    recipe's loop state, or the run's `run_settings.json` beside the checkpoint (the LoRA recipe, whose checkpoints
+    hold only the adapter). Empty when none is there."""
+    run_settings = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), RUN_SETTINGS_FILE)
+    for path, key in (
+        (os.path.join(checkpoint, "config.json"), None),
+        (os.path.join(checkpoint, "loop_state.json"), "model_config"),
+        (run_settings, None),
+    ):
         if os.path.isfile(path):
             with open(path, encoding="utf-8") as handle:
                 data = json.load(handle)

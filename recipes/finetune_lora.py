@@ -99,9 +99,16 @@ def build_model(args, config, family, num_labels=None, labels=None):
     return auto_class.from_pretrained(args.base, attn_implementation=args.attn, **label_maps, **options)
 
 
+# Flags that shape the trained modules, checked on --resume against the run's `run_settings.json`.
+LORA_RESUME_FLAGS = {**{field: field for field in common.METRIC_FIELDS}, "lora_rank": "lora_rank",
+                     "lora_alpha": "lora_alpha", "freeze_generator": "freeze_generator"}  # fmt: skip
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     resume = common.resolve_resume(args.resume, args.output_dir)
+    if resume:
+        common.check_resume_settings(args, resume, LORA_RESUME_FLAGS, common.saved_model_config(resume))
     datasets = common.card_datasets(args.data) if args.data else None  # settled before training
 
     from peft import LoraConfig, get_peft_model
@@ -159,6 +166,10 @@ def main(argv=None) -> dict:
         bias="none",
     )
     peft_model = get_peft_model(model, lora_config)
+    settings = {field: getattr(model.config, field, None) for field in common.METRIC_FIELDS}  # as built
+    settings.update(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, freeze_generator=args.freeze_generator)
+    os.makedirs(args.output_dir, exist_ok=True)
+    common.write_json(os.path.join(args.output_dir, common.RUN_SETTINGS_FILE), settings)
     peft_model.print_trainable_parameters()
     trainable = sorted(name for name, parameter in peft_model.named_parameters() if parameter.requires_grad)
 

@@ -355,6 +355,30 @@ def test_recipe_card_and_files_carry_no_local_data_path_and_resume_checks_settin
     assert (config["metric_context"], config["metric_hidden_size"]) == ("query", 8)
 
 
+def test_lora_resume_refuses_other_adapter_or_metric_settings(tmp_path, private_corpus):
+    from transformers import GPT2Config
+
+    from damcha_hf.data import byte_level_tokenizer
+
+    base = tmp_path / "base"
+    config = GPT2Config(vocab_size=257, n_positions=64, n_embd=32, n_layer=1, n_head=4, bos_token_id=256,
+                        eos_token_id=256, pad_token_id=256)  # fmt: skip
+    GPT2LMHeadModel(config).save_pretrained(base)
+    byte_level_tokenizer().save_pretrained(base)
+    recipe = load_recipe("finetune_lora")
+    output = tmp_path / "lora"
+    common = ["--base", str(base), "--data", str(private_corpus), "--output-dir", str(output), "--block-size", "32",
+              "--batch-size", "8", "--max-eval-samples", "8", "--num-threads", "1", "--save-steps", "1"]  # fmt: skip
+    recipe.main([*common, "--max-steps", "1", "--lora-rank", "4", "--metric-hidden-size", "8"])
+    assert (output / "checkpoint-1").is_dir()
+    with pytest.raises(ValueError) as error:
+        recipe.main([*common, "--max-steps", "2", "--resume", "--lora-rank", "8", "--metric-hidden-size", "16"])
+    assert "--lora-rank 8 (the checkpoint has 4)" in str(error.value)
+    assert "--metric-hidden-size 16 (the checkpoint has 8)" in str(error.value)
+    assert not (output / "checkpoint-2").exists()
+    assert recipe.main([*common, "--max-steps", "2", "--resume"])["global_step"] == 2  # settings from the run
+
+
 # ------------------------------------------------------------------------------------------ one-line errors (item 6)
 
 

@@ -377,7 +377,7 @@ def load_fashion_mnist(
 
     prefix = {"train": "train", "test": "t10k"}.get(split)
     if prefix is None:
-        raise ValueError(f"Fashion-MNIST `split` must be 'train' or 't10k'/'test', got {split!r}.")
+        raise ValueError(f"Fashion-MNIST `split` must be 'train' or 'test' (the t10k-* files), got {split!r}.")
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"Fashion-MNIST folder {folder!r} does not exist; pass the folder with the idx files.")
 

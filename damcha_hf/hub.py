@@ -60,14 +60,6 @@ CITATION_BIBTEX = f"""@inproceedings{{damcha2026,
   note      = {{Author list not recorded here: take it from the paper}}
 }}"""
 
-# Task heads, by class-name suffix (remote-code classes live in other modules, so names, not types, are compared).
-PIPELINE_TAGS = (
-    ("LMHeadModel", "text-generation", "AutoModelForCausalLM"),
-    ("ForCausalLM", "text-generation", "AutoModelForCausalLM"),
-    ("ForSequenceClassification", "text-classification", "AutoModelForSequenceClassification"),
-    ("ForImageClassification", "image-classification", "AutoModelForImageClassification"),
-)
-
 TEXT_SUFFIXES = (".json", ".md", ".py", ".txt", ".jinja")
 # Trainer log entries that are bookkeeping, not results.
 NON_METRIC_KEYS = ("runtime", "samples_per_second", "steps_per_second", "epoch", "step", "model_preparation_time")
@@ -99,10 +91,12 @@ def cross_head_variant(model) -> str:
 
 
 def pipeline_tag_and_auto_class(model) -> tuple[str, str]:
+    """The card's pipeline tag and loading Auto class: those its family declares for this head (matched by class name,
+    since remote-code classes live in other modules); a base model is a feature extractor."""
     name = type(model).__name__
-    for suffix, pipeline_tag, auto_class in PIPELINE_TAGS:
-        if name.endswith(suffix):
-            return pipeline_tag, auto_class
+    for head in model_family(model).heads:
+        if head.model_class.__name__ == name and head.pipeline_tag:
+            return head.pipeline_tag, head.auto_class
     if is_vision_model(model):
         return "image-feature-extraction", "AutoModel"
     return "feature-extraction", "AutoModel"

@@ -6,8 +6,9 @@ starting at zero) identical outputs. The keys are mixed after the rotary embeddi
 mixing across heads commutes with the rotation (see `damcha_attention`), and with grouped-query attention the mix runs
 over the key/value heads, so the cache keeps its GQA size.
 
-Tested with transformers 5.24, whose Llama internals (`LlamaAttention` with `q_proj/k_proj/v_proj/o_proj`, the
-`cache` argument, `ALL_ATTENTION_FUNCTIONS`, output recording) this file relies on.
+Tested with transformers 5.24, whose Llama internals (`LlamaAttention` with `q_proj/k_proj/v_proj/o_proj`, the cache
+argument, named `past_key_values` in 5.23 and `cache` in 5.24, `ALL_ATTENTION_FUNCTIONS`, output recording) this file
+relies on.
 """
 
 import functools
@@ -15,6 +16,7 @@ import functools
 import torch
 from torch import nn
 from transformers import GenerationMixin
+from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
@@ -57,10 +59,13 @@ class DamchaLlamaAttention(LlamaAttention):
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
-        cache=None,
+        cache: Cache | None = None,
         cross_head_metric: CrossHeadMetric | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # The cache is `cache` from transformers 5.24 on and `past_key_values` before (the decoder layer passes it by
+        # name); `output_attentions` is answered by transformers' output recording, which reads the returned weights.
         kwargs.pop("output_attentions", None)
         head_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
         query, key, value = (
@@ -80,6 +85,7 @@ class DamchaLlamaAttention(LlamaAttention):
             default_attention=eager_attention_forward,
             dropout=self.attention_dropout if self.training else 0.0,
             cache=cache,
+            past_key_values=past_key_values,
             **kwargs,
         )
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()

@@ -238,9 +238,7 @@ def test_generate_with_cache_equals_full_forward(kv_heads, context, attn):
     torch.testing.assert_close(torch.stack(uncached.logits, dim=1), full, rtol=1e-4, atol=1e-4)
 
 
-# "query" joins once its cache holds the plain (batch, H_kv, seq, d_h) keys (issue 11): the static cache sizes the
-# values from the keys' head count, which the shared full-width key does not have.
-@pytest.mark.parametrize("context", ["token"])
+@pytest.mark.parametrize("context", CAUSAL_CONTEXTS)
 def test_static_cache_equals_dynamic_cache(context):
     model = damcha_lm(context, "sdpa", kv_heads=2)
     prompt = tokens(batch=2, seq=5)
@@ -250,11 +248,13 @@ def test_static_cache_equals_dynamic_cache(context):
     torch.testing.assert_close(torch.stack(static.logits, 1), torch.stack(dynamic.logits, 1), rtol=1e-4, atol=1e-4)
 
 
-def test_cache_keeps_the_grouped_query_size():
-    model = damcha_lm("token", kv_heads=2)
+@pytest.mark.parametrize("context", CAUSAL_CONTEXTS)
+def test_cache_keeps_the_grouped_query_size(context):
+    model = damcha_lm(context, kv_heads=2)
     with torch.no_grad():
         cache = model(tokens(seq=9), use_cache=True).cache
-    assert cache.layers[0].keys.shape == (2, 2, 9, 8)  # (batch, H_kv, seq, d_h): the GQA size, mixed keys
+    # (batch, H_kv, seq, d_h): the GQA size (mixed keys for "token", the plain keys for "query")
+    assert cache.layers[0].keys.shape == (2, 2, 9, 8) == cache.layers[0].values.shape
 
 
 # --- causality and training -----------------------------------------------------------------------------------

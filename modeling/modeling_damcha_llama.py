@@ -6,7 +6,7 @@ starting at zero) identical outputs. The keys are mixed after the rotary embeddi
 mixing across heads commutes with the rotation (see `damcha_attention`), and with grouped-query attention the mix runs
 over the key/value heads, so the cache keeps its GQA size.
 
-Tested with transformers 5.24, whose Llama internals (`LlamaAttention` with `q_proj/k_proj/v_proj/o_proj`, the cache
+Tested with transformers 5.23 and 5.24, whose Llama internals (`LlamaAttention` with `q_proj/k_proj/v_proj/o_proj`, the cache
 argument, named `past_key_values` in 5.23 and `cache` in 5.24, `ALL_ATTENTION_FUNCTIONS`, output recording) this file
 relies on.
 """

@@ -9,13 +9,21 @@ import inspect
 
 import pytest
 import torch
-from conftest import CACHE_ARGUMENT, randomize_cross_head, tiny_damcha_gpt2_config, tiny_damcha_vit_config
+from conftest import (
+    CACHE_ARGUMENT,
+    randomize_cross_head,
+    tiny_damcha_gpt2_config,
+    tiny_damcha_llama_config,
+    tiny_damcha_vit_config,
+)
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 from transformers.models.gpt2 import modeling_gpt2
+from transformers.models.llama import modeling_llama
 from transformers.models.vit import modeling_vit
 
+import damcha_hf
 from damcha_hf import DamchaGPT2LMHeadModel, DamchaViTModel
-from damcha_hf.modeling import modeling_damcha_gpt2, modeling_damcha_vit
+from damcha_hf.modeling import modeling_damcha_gpt2, modeling_damcha_llama, modeling_damcha_vit
 
 # (cross_head_variant, metric_context): every attention a causal DAMCHA model can run.
 CAUSAL_SETTINGS = [
@@ -125,6 +133,18 @@ def test_vit_attention_receives_no_argument_it_does_not_name(monkeypatch):
     assert unread <= IGNORED_LAYER_ARGUMENTS, unread - IGNORED_LAYER_ARGUMENTS
 
 
+def test_llama_attention_receives_no_argument_it_does_not_name(monkeypatch):
+    unread = _unread_keyword_arguments(monkeypatch, modeling_damcha_llama.DamchaLlamaAttention)
+    model = damcha_hf.DamchaLlamaForCausalLM(tiny_damcha_llama_config()).eval()
+    randomize_cross_head(model, scale=0.5)
+    prompt = tokens()
+    greedy(model, prompt, output_attentions=True, output_hidden_states=True)
+    greedy(model, prompt, cache_implementation="static")
+    model.train()
+    model(prompt, labels=prompt).loss.backward()
+    assert unread <= IGNORED_LAYER_ARGUMENTS, unread - IGNORED_LAYER_ARGUMENTS
+
+
 # --- parity with the upstream classes -------------------------------------------------------------------------------
 
 # (DAMCHA class, the transformers class it extends, constructor keyword arguments of both)
@@ -134,6 +154,11 @@ PARITY_PAIRS = [
     (modeling_damcha_gpt2.DamchaGPT2Model, modeling_gpt2.GPT2Model, {}),
     (modeling_damcha_gpt2.DamchaGPT2LMHeadModel, modeling_gpt2.GPT2LMHeadModel, {}),
     (modeling_damcha_gpt2.DamchaGPT2ForSequenceClassification, modeling_gpt2.GPT2ForSequenceClassification, {}),
+    (modeling_damcha_llama.DamchaLlamaAttention, modeling_llama.LlamaAttention, {"layer_idx": 1}),
+    (modeling_damcha_llama.DamchaLlamaDecoderLayer, modeling_llama.LlamaDecoderLayer, {"layer_idx": 1}),
+    (modeling_damcha_llama.DamchaLlamaModel, modeling_llama.LlamaModel, {}),
+    (modeling_damcha_llama.DamchaLlamaForCausalLM, modeling_llama.LlamaForCausalLM, {}),
+    (modeling_damcha_llama.DamchaLlamaForSequenceClassification, modeling_llama.LlamaForSequenceClassification, {}),
     (modeling_damcha_vit.DamchaViTAttention, modeling_vit.ViTAttention, {"layer_idx": 1}),
     (modeling_damcha_vit.DamchaViTLayer, modeling_vit.ViTLayer, {"layer_idx": 1}),
     (modeling_damcha_vit.DamchaViTModel, modeling_vit.ViTModel, {}),
@@ -156,6 +181,8 @@ def _build(cls, kwargs, config):
 def _config_for(damcha_class):
     if damcha_class.__module__.endswith("gpt2"):
         return tiny_damcha_gpt2_config(add_cross_attention=True, num_labels=3)
+    if damcha_class.__module__.endswith("llama"):
+        return tiny_damcha_llama_config(num_labels=3)
     return tiny_damcha_vit_config(encoder_stride=4)
 
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import randomize_metric, tiny_damcha_llama_config, tiny_llama_config
+from conftest import CACHE_ARGUMENT, randomize_metric, tiny_damcha_llama_config, tiny_llama_config
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -252,7 +252,7 @@ def test_static_cache_equals_dynamic_cache(context):
 def test_cache_keeps_the_grouped_query_size(context):
     model = damcha_lm(context, kv_heads=2)
     with torch.no_grad():
-        cache = model(tokens(seq=9), use_cache=True).cache
+        cache = getattr(model(tokens(seq=9), use_cache=True), CACHE_ARGUMENT)
     # (batch, H_kv, seq, d_h): the GQA size (mixed keys for "token", the plain keys for "query")
     assert cache.layers[0].keys.shape == (2, 2, 9, 8) == cache.layers[0].values.shape
 

@@ -1,25 +1,36 @@
-"""Quality of DAMCHA against vanilla multi-head attention on small real tasks, with the paper's metric-mask ablation.
+"""Quality of DAMCHA against vanilla multi-head attention and the paper's baselines on small real tasks.
 
 Two tasks, every row trained with the same budget, the same seeds and (per seed) the same starting weights: each
-DAMCHA model is built from the MHA model of its seed plus a metric generator that starts at zero, so at step 0 all
-rows compute the same function and the comparison between rows is paired.
+DAMCHA or baseline model is the MHA model of its seed converted exactly (`convert_to_damcha`: DAMCHA's metric
+generator, talking-heads' and DCMHA's head mixing all start as the identity), so at step 0 all rows compute the same
+function, see the same batches, and the comparison between rows is paired.
 
   (a) byte-level language modelling on GCIDE (`/usr/share/dictd/gcide.dict.dz`): the first 10 MB train, the next
       1 MB validation, the next 1 MB test; a small GPT-2; validation and test bits per byte.
-      Rows: MHA (vanilla `GPT2LMHeadModel`), DAMCHA "token", DAMCHA "query".
+      Rows: MHA (vanilla `GPT2LMHeadModel`), DAMCHA "token", DAMCHA "query", talking_heads, DCMHA.
   (b) Fashion-MNIST (`/usr/share/datasets/fashion-mnist/`): a small ViT (patch 4), test top-1.
-      Rows: MHA (vanilla `ViTForImageClassification`), DAMCHA "sequence", DAMCHA "token" (once damcha_hf has ViT).
+      Rows: MHA (vanilla `ViTForImageClassification`), DAMCHA "sequence", DAMCHA "token", talking_heads, DCMHA.
   (c) ablation: every trained DAMCHA model evaluated again with `config.metric_mask = "diagonal"` and
       `"offdiagonal"` (no retraining).
+  (d) `--upcycle`: pretrain MHA for `--pretrain-steps`, then continue `--continue-steps` as MHA, as
+      `convert_to_damcha(...)` per metric context, and (`--lora`) LoRA on the converted model against LoRA on the MHA
+      model (the LoRA recipe's targets and trained modules), all from the same pretrained weights and batches.
+
+Statistics: every difference between two rows is paired by seed; the script prints its mean, its standard error over
+seeds, a two-sided 95% Student-t interval (n - 1 degrees of freedom) and how many seeds agree in sign, and states a
+claim against the paper's table only where that interval excludes zero ("confirmed" / "contradicted"; otherwise
+"not shown").
 
 Writes `<out-dir>/<prefix>.json` (every number, per seed), `<prefix>_loss_curves.png` and
-`<prefix>_metric_heatmap.png` (the mean cross-head matrix `C` per layer, from the model's `cross_head_metric` on a
-validation batch). `--synthetic` swaps the real data for generated data of the same form (for tests).
+`<prefix>_metric_heatmap.png`. The default `--out-dir` is a new folder `runs/quality/<prefix>-<UTC time>`, so a run
+never overwrites committed results; pass `--out-dir docs` (and `--overwrite` to replace a file there) on purpose.
+`--synthetic` swaps the real data for generated data of the same form (for tests).
 
 Examples:
-    python benchmarks/quality.py --quick                      # ~5 minutes on 2 cores
+    python benchmarks/quality.py --quick                      # ~10 minutes on 2 cores
     python benchmarks/quality.py                              # the full run (see docs/results.md)
-    python benchmarks/quality.py --lm-steps 600 --vit-steps 600 --seeds 0 1 --prefix quality_medium
+    python benchmarks/quality.py --tasks lm --lm-steps 2000 --seeds 0 1 2 --prefix lm_long
+    python benchmarks/quality.py --upcycle --lora --tasks lm --pretrain-steps 400 --continue-steps 200
 """
 
 from __future__ import annotations
@@ -32,6 +43,8 @@ import os
 import struct
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +52,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_common import (
+    Row,
     count_parameters,
+    cross_head_variants,
     format_table,
     gpt2_config_kwargs,
     gpt2_rows,
@@ -51,10 +66,18 @@ from bench_common import (
     write_json_atomic,
 )
 
+import damcha_hf
+from damcha_hf import convert_to_damcha
+from damcha_hf.families import family_of
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes"))
+
 GCIDE_PATH = "/usr/share/dictd/gcide.dict.dz"
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 MB = 1_000_000
 ABLATION_MASKS = ("diagonal", "offdiagonal")
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASELINE_VARIANTS = {"talking_heads": "talking_heads", "dcmha": "DCMHA"}  # cross_head_variant -> row name
 
 PRESETS = {
     # The full run, sized for about an hour on 2 CPU cores shared with other jobs (measured: ~0.3 s per LM step and
@@ -94,8 +117,22 @@ def parse_args(argv=None):
         help="torch CPU threads (default 2; on a machine shared with other jobs, 1 was about 3x faster here)",
     )  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out-dir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs"))
+    parser.add_argument(
+        "--out-dir",
+        help="where the JSON and figures go (default: a new folder runs/quality/<prefix>-<UTC time> in the repository; "
+        "committed results in docs/ are only written when named here)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing <out-dir>/<prefix>.json")
     parser.add_argument("--prefix", help="output file prefix (default: quality, quality_quick or quality_tiny)")
+    parser.add_argument(
+        "--no-baselines", action="store_true", help="skip the talking_heads and DCMHA rows (MHA and DAMCHA only)"
+    )
+    upcycle = parser.add_argument_group("upcycling (--upcycle): pretrain MHA, then continue as MHA or converted")
+    upcycle.add_argument("--upcycle", action="store_true", help="run the upcycling experiment instead of the rows")
+    upcycle.add_argument("--pretrain-steps", type=int, help="MHA pretraining steps (default: half the task's steps)")
+    upcycle.add_argument("--continue-steps", type=int, help="continuation steps per arm (default: half the steps)")
+    upcycle.add_argument("--lora", action="store_true", help="add LoRA arms: LoRA on MHA vs LoRA on converted DAMCHA")
+    upcycle.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument(
         "--parameter-matched-mha", action="store_true",
@@ -123,6 +160,20 @@ def parse_args(argv=None):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
     if args.lm_width % args.lm_heads or args.vit_width % args.vit_heads:
         parser.error("--lm-heads must divide --lm-width and --vit-heads must divide --vit-width")
+    for name in ("pretrain_steps", "continue_steps", "lora_rank"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if (args.lora or args.pretrain_steps or args.continue_steps) and not args.upcycle:
+        parser.error("--lora, --pretrain-steps and --continue-steps belong to --upcycle; add --upcycle")
+    if (
+        args.upcycle
+        and args.prefix == {"full": "quality", "quick": "quality_quick", "tiny": "quality_tiny"}[preset_name]
+    ):
+        args.prefix += "_upcycle"
+    if args.out_dir is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        args.out_dir = os.path.join(REPOSITORY, "runs", "quality", f"{args.prefix}-{stamp}")
     return args
 
 
@@ -309,54 +360,79 @@ def with_metric_mask(model, mask: str):
 # ---------------------------------------------------------------------------------------------------------- tasks
 
 
-def run_lm(args, device) -> dict:
+@dataclass
+class Task:
+    """What the generic loops need of a task: its rows, its batches, its evaluation."""
+
+    name: str  # "lm" or "vit"
+    title: str
+    steps: int
+    lr: float
+    contexts: tuple[str, ...]  # the DAMCHA rows' metric contexts
+    rows: Callable[[int], list[Row]]  # seed -> rows, MHA first
+    batches: Callable[[int, int], Callable[[int], dict]]  # (generator seed, steps) -> step -> batch
+    evaluate: Callable[[torch.nn.Module], dict]  # metrics of a trained model
+    ablate: Callable[[torch.nn.Module], dict]  # metrics under the ablation masks (DAMCHA rows)
+    metric_inputs: Callable[[], dict]  # one evaluation batch, for the mean cross-head matrix
+    device: torch.device
+
+
+def baseline_rows(mha: Row, seed: int, config_class) -> list[Row]:
+    """talking_heads and DCMHA rows: the seed's MHA model converted exactly (their mixing starts as the identity, on
+    eager attention, which they need), so they share the MHA row's starting function and batches."""
+    offered = set(cross_head_variants(config_class))
+
+    def build(variant):
+        def make():
+            reference = mha.build()
+            torch.manual_seed(seed + 1)
+            return convert_to_damcha(reference, cross_head_variant=variant).train()
+
+        return make
+
+    return [Row(name, build(variant), "variant") for variant, name in BASELINE_VARIANTS.items() if variant in offered]
+
+
+def lm_task(args, device) -> Task:
     train_data, validation, test = load_gcide(args.lm_eval_bytes, args.synthetic)
     print(f"\n== byte-level LM on {'synthetic bytes' if args.synthetic else 'GCIDE'}: train {len(train_data)} bytes, "
           f"validation {len(validation)}, test {len(test)} ==", flush=True)  # fmt: skip
     kwargs = gpt2_config_kwargs(args.lm_layers, args.lm_width, args.lm_heads, args.lm_context, vocab=256)
     context, eval_batch = args.lm_context, 64
-    results = {}
-    for seed in args.seeds:
-        rows = gpt2_rows(
-            kwargs,
-            contexts=("token", "query"),
-            metric_hidden_size=args.metric_hidden_size,
-            seed=seed,
-            variants=False,
-            parameter_matched_mha=args.parameter_matched_mha,
-        )
-        rows = [row for row in rows if args.rows is None or row.name in args.rows]
-        for row in rows:
-            generator = torch.Generator().manual_seed(1000 + seed)  # same batches for every row of a seed
-            starts = torch.randint(
-                0, len(train_data) - context - 1, (args.lm_steps, args.lm_batch), generator=generator
-            )
 
-            def next_batch(step, starts=starts):
-                window = torch.stack([train_data[s : s + context] for s in starts[step].tolist()]).to(device)
-                return {"input_ids": window, "labels": window}
+    def rows(seed):
+        built = gpt2_rows(kwargs, contexts=("token", "query"), metric_hidden_size=args.metric_hidden_size, seed=seed,
+                          variants=False, parameter_matched_mha=args.parameter_matched_mha)  # fmt: skip
+        if not args.no_baselines:
+            built += baseline_rows(built[0], seed, damcha_hf.DamchaGPT2Config)
+        return built
 
-            model = row.build().to(device)
-            curve = train(model, next_batch, args.lm_steps, args.lm_lr, args.log_every, f"LM {row.name} seed {seed}")
-            record = {
-                "seed": seed,
-                "parameters": count_parameters(model),
-                "curve": curve,
-                "validation_bpb": bits_per_byte(model, validation, context, eval_batch, device),
-                "test_bpb": bits_per_byte(model, test, context, eval_batch, device),
-            }
-            if row.kind == "damcha":
-                for mask in ABLATION_MASKS:
-                    with with_metric_mask(model, mask):  # test split only: evaluation is the costly part on CPU
-                        record[f"{mask}_test_bpb"] = bits_per_byte(model, test, context, eval_batch, device)
-                sample = validation[: 8 * context].view(8, context).to(device)
-                record["mean_metric"] = mean_metric_per_layer(model, {"input_ids": sample})
-            results.setdefault(row.name, []).append(record)
-            del model
-    return results
+    def batches(generator_seed, steps):
+        generator = torch.Generator().manual_seed(generator_seed)
+        starts = torch.randint(0, len(train_data) - context - 1, (steps, args.lm_batch), generator=generator)
+
+        def next_batch(step):
+            window = torch.stack([train_data[s : s + context] for s in starts[step].tolist()]).to(device)
+            return {"input_ids": window, "labels": window}
+
+        return next_batch
+
+    def evaluate(model):
+        return {"validation_bpb": bits_per_byte(model, validation, context, eval_batch, device),
+                "test_bpb": bits_per_byte(model, test, context, eval_batch, device)}  # fmt: skip
+
+    def ablate(model):
+        record = {}
+        for mask in ABLATION_MASKS:
+            with with_metric_mask(model, mask):  # test split only: evaluation is the costly part on CPU
+                record[f"{mask}_test_bpb"] = bits_per_byte(model, test, context, eval_batch, device)
+        return record
+
+    return Task("lm", "LM", args.lm_steps, args.lm_lr, ("token", "query"), rows, batches, evaluate, ablate,
+                lambda: {"input_ids": validation[: 8 * context].view(8, context).to(device)}, device)  # fmt: skip
 
 
-def run_vit(args, device) -> dict:
+def vit_task(args, device) -> Task:
     (train_x, train_y), (test_x, test_y) = load_fashion_mnist(args.synthetic)
     test_x, test_y = test_x[: args.vit_test_images], test_y[: args.vit_test_images]
     print(f"\n== Fashion-MNIST{' (synthetic)' if args.synthetic else ''}: train {len(train_x)} images, "
@@ -364,33 +440,131 @@ def run_vit(args, device) -> dict:
     kwargs = vit_config_kwargs(28, 4, 1, args.vit_layers, args.vit_width, args.vit_heads, labels=10)
     if not has_vit():
         print("  (DAMCHA ViT rows skipped: damcha_hf has no DamchaViTConfig yet; only MHA runs)", flush=True)
+
+    def rows(seed):
+        built = vit_rows(kwargs, contexts=("sequence", "token"), metric_hidden_size=args.metric_hidden_size, seed=seed,
+                         variants=False)  # fmt: skip
+        if has_vit() and not args.no_baselines:
+            built += baseline_rows(built[0], seed, damcha_hf.DamchaViTConfig)
+        return built
+
+    def batches(generator_seed, steps):
+        generator = torch.Generator().manual_seed(generator_seed)
+        picks = torch.randint(0, len(train_x), (steps, args.vit_batch), generator=generator)
+
+        def next_batch(step):
+            index = picks[step]
+            return {"pixel_values": train_x[index].to(device), "labels": train_y[index].to(device)}
+
+        return next_batch
+
+    def evaluate(model):
+        return {"test_top1": top1(model, test_x, test_y, 500, device)}
+
+    def ablate(model):
+        record = {}
+        for mask in ABLATION_MASKS:
+            with with_metric_mask(model, mask):
+                record[f"{mask}_test_top1"] = top1(model, test_x, test_y, 500, device)
+        return record
+
+    return Task("vit", "ViT", args.vit_steps, args.vit_lr, ("sequence", "token"), rows, batches, evaluate, ablate,
+                lambda: {"pixel_values": test_x[:64].to(device)}, device)  # fmt: skip
+
+
+BATCH_SEED_OFFSET = {"lm": 1000, "vit": 2000}  # batches of seed s come from generator seed offset + s
+CONTINUE_SEED_OFFSET = 3000  # the continuation batches of --upcycle: new data after the pretraining's
+
+
+def run_task(task: Task, args, on_record: Callable[[dict], None] = lambda results: None) -> dict:
     results = {}
     for seed in args.seeds:
-        rows = vit_rows(kwargs, contexts=("sequence", "token"), metric_hidden_size=args.metric_hidden_size, seed=seed,
-                        variants=False)  # fmt: skip
-        rows = [row for row in rows if args.rows is None or row.name in args.rows]
+        rows = [row for row in task.rows(seed) if args.rows is None or row.name in args.rows]
         for row in rows:
-            generator = torch.Generator().manual_seed(2000 + seed)
-            picks = torch.randint(0, len(train_x), (args.vit_steps, args.vit_batch), generator=generator)
+            next_batch = task.batches(BATCH_SEED_OFFSET[task.name] + seed, task.steps)  # same batches for every row
+            model = row.build().to(task.device)
+            started = time.time()
+            curve = train(
+                model, next_batch, task.steps, task.lr, args.log_every, f"{task.title} {row.name} seed {seed}"
+            )
+            step_seconds = (time.time() - started) / task.steps
+            record = {"seed": seed, "parameters": count_parameters(model), "step_seconds": step_seconds, "curve": curve,
+                      **task.evaluate(model)}  # fmt: skip
+            if row.kind == "damcha":
+                record.update(task.ablate(model))
+                record["mean_metric"] = mean_metric_per_layer(model, task.metric_inputs())
+            results.setdefault(row.name, []).append(record)
+            on_record(results)
+            del model
+    return results
 
-            def next_batch(step, picks=picks):
-                index = picks[step]
-                return {"pixel_values": train_x[index].to(device), "labels": train_y[index].to(device)}
 
-            model = row.build().to(device)
-            curve = train(model, next_batch, args.vit_steps, args.vit_lr, args.log_every, f"ViT {row.name} seed {seed}")
+def lora_wrap(model, rank: int):
+    """LoRA as `recipes/finetune_lora.py` sets it up: its family's target modules, the cross-head modules (and a task
+    head) trained in full, everything else frozen."""
+    from finetune_lora import cross_head_modules  # the recipe's own choice of fully trained modules
+    from peft import LoraConfig, get_peft_model
+
+    family = family_of(model)
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(family.lora_target_modules),
+        modules_to_save=cross_head_modules(model.config) + list(family.task_head_modules),
+        fan_in_fan_out=family.lora_fan_in_fan_out, bias="none",
+    )  # fmt: skip
+    return get_peft_model(model, config)
+
+
+def upcycle_arms(task: Task, lora_rank: int | None, metric_hidden_size: int) -> list[tuple[str, Callable]]:
+    """(name, pretrained MHA -> model to continue) per arm; every arm starts from the pretrained function exactly."""
+
+    def convert(**options):
+        return lambda model: convert_to_damcha(model, metric_hidden_size=metric_hidden_size, **options)
+
+    arms = [("MHA", lambda model: model)]
+    arms += [(f"DAMCHA {context}", convert(metric_context=context)) for context in task.contexts]
+    if lora_rank:
+        # "none" is exactly MHA in the DAMCHA classes, whose module names the recipe's LoRA targets use.
+        none, damcha = convert(cross_head_variant="none"), convert(metric_context=task.contexts[0])
+        arms.append(("LoRA MHA", lambda model: lora_wrap(none(model), lora_rank)))
+        arms.append((f"LoRA DAMCHA {task.contexts[0]}", lambda model: lora_wrap(damcha(model), lora_rank)))
+    return arms
+
+
+def run_upcycle(task: Task, args, on_record: Callable[[dict], None] = lambda results: None) -> dict:
+    """Pretrain MHA, then continue every arm from the same pretrained weights on the same batches."""
+    pretrain_steps = args.pretrain_steps or max(1, task.steps // 2)
+    continue_steps = args.continue_steps or max(1, task.steps // 2)
+    results = {}
+    for seed in args.seeds:
+        mha = task.rows(seed)[0]
+        pretrained = mha.build()
+        next_batch = task.batches(BATCH_SEED_OFFSET[task.name] + seed, pretrain_steps)
+        pretrained.to(task.device)
+        pretrain_curve = train(pretrained, next_batch, pretrain_steps, task.lr, args.log_every,
+                               f"{task.title} pretrain MHA seed {seed}")  # fmt: skip
+        pretrained_metrics = task.evaluate(pretrained)
+        state = {key: value.clone() for key, value in pretrained.state_dict().items()}
+        for name, make in upcycle_arms(task, args.lora_rank if args.lora else None, args.metric_hidden_size):
+            start = mha.build()
+            start.load_state_dict(state)
+            torch.manual_seed(seed + 1)
+            model = make(start.to(task.device)).train()
+            continue_batch = task.batches(CONTINUE_SEED_OFFSET + BATCH_SEED_OFFSET[task.name] + seed, continue_steps)
+            started = time.time()
+            curve = train(model, continue_batch, continue_steps, task.lr, args.log_every,
+                          f"{task.title} continue {name} seed {seed}")  # fmt: skip
             record = {
                 "seed": seed,
                 "parameters": count_parameters(model),
+                "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                "step_seconds": (time.time() - started) / continue_steps,
                 "curve": curve,
-                "test_top1": top1(model, test_x, test_y, 500, device),
+                "pretrain_curve": pretrain_curve,
+                "pretrained": pretrained_metrics,
+                **task.evaluate(model),
             }
-            if row.kind == "damcha":
-                for mask in ABLATION_MASKS:
-                    with with_metric_mask(model, mask):
-                        record[f"{mask}_test_top1"] = top1(model, test_x, test_y, 500, device)
-                record["mean_metric"] = mean_metric_per_layer(model, {"pixel_values": test_x[:64].to(device)})
-            results.setdefault(row.name, []).append(record)
+            results.setdefault(name, []).append(record)
+            on_record(results)
             del model
     return results
 
@@ -404,12 +578,145 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return mean, std
 
 
+def student_t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with `df` degrees of freedom (Simpson's rule on the density; no SciPy needed)."""
+    if df < 1:
+        raise ValueError(f"student_t_cdf: df must be at least 1, got {df}")
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def density(x):
+        return math.exp(log_norm - (df + 1) / 2 * math.log1p(x * x / df))
+
+    # substitute x = tan(u) so the heavy tails of small df are integrated on a finite, smooth range
+    upper, intervals = math.atan(abs(t)), 2000
+    width = upper / intervals
+    total = sum((1 if i in (0, intervals) else 4 if i % 2 else 2) * density(math.tan(i * width)) / math.cos(i * width) ** 2
+                for i in range(intervals + 1))  # fmt: skip
+    half = total * width / 3
+    return 0.5 + half if t >= 0 else 0.5 - half
+
+
+def student_t_quantile(probability: float, df: int) -> float:
+    """The `probability` quantile of Student's t with `df` degrees of freedom (bisection on the CDF)."""
+    if not 0 < probability < 1:
+        raise ValueError(f"student_t_quantile: probability must be in (0, 1), got {probability}")
+    if probability < 0.5:
+        return -student_t_quantile(1 - probability, df)
+    low, high = 0.0, 1.0
+    while student_t_cdf(high, df) < probability:
+        high *= 2
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if student_t_cdf(middle, df) < probability else (low, middle)
+    return (low + high) / 2
+
+
+CONFIDENCE = 0.95
+
+
+def paired_statistics(differences: list[float], confidence: float = CONFIDENCE) -> dict:
+    """Mean of per-seed paired differences, its standard error (sample std / sqrt(n)), the two-sided Student-t
+    interval with n - 1 degrees of freedom, and how many seeds share the mean's sign."""
+    n = len(differences)
+    mean, std = mean_std(differences)
+    stats = {"n": n, "mean": mean, "std": std, "per_seed": list(differences),
+             "agree_in_sign": sum(1 for d in differences if d * mean > 0)}  # fmt: skip
+    if n < 2:
+        stats.update(se=None, t_critical=None, low=None, high=None)
+        return stats
+    se = std / math.sqrt(n)
+    t_critical = student_t_quantile(0.5 + confidence / 2, n - 1)
+    stats.update(se=se, t_critical=t_critical, low=mean - t_critical * se, high=mean + t_critical * se)
+    return stats
+
+
+def verdict(stats: dict, expected_sign: int) -> str:
+    """The verdict on a claim: "confirmed" if the interval lies on the side the paper's table predicts,
+    "contradicted" if on the other side, "not shown" if it contains zero (or there are fewer than two seeds)."""
+    if stats.get("low") is None:
+        return "not shown"
+    if stats["low"] > 0 or stats["high"] < 0:
+        return "confirmed" if (stats["low"] > 0) == (expected_sign > 0) else "contradicted"
+    return "not shown"
+
+
+def paired_differences(task_results: dict, row: str, reference: str, metric: str) -> list[float]:
+    """row - reference of the same seed, for the seeds both have."""
+    by_seed = {r["seed"]: r for r in task_results.get(reference, []) if metric in r}
+    return [
+        r[metric] - by_seed[r["seed"]][metric]
+        for r in task_results.get(row, [])
+        if metric in r and r["seed"] in by_seed
+    ]
+
+
+def step_time_ratio(task_results: dict, row: str, reference: str) -> float | None:
+    """Mean over seeds of row's seconds per training step over the reference's (same seed)."""
+    by_seed = {r["seed"]: r for r in task_results.get(reference, []) if r.get("step_seconds")}
+    ratios = [r["step_seconds"] / by_seed[r["seed"]]["step_seconds"] for r in task_results.get(row, [])
+              if r.get("step_seconds") and r["seed"] in by_seed]  # fmt: skip
+    return sum(ratios) / len(ratios) if ratios else None
+
+
+def comparison_pairs(rows: list[str]) -> list[tuple[str, str]]:
+    """Every row against MHA, and every baseline against every DAMCHA row (DAMCHA - baseline)."""
+    damcha = [r for r in rows if r.startswith("DAMCHA") or r.startswith("LoRA DAMCHA")]
+    baselines = [r for r in rows if r in BASELINE_VARIANTS.values()]
+    pairs = [(r, "MHA") for r in rows if r != "MHA" and "MHA" in rows and not r.startswith("LoRA")]
+    pairs += [(d, b) for d in damcha for b in baselines]
+    if "LoRA MHA" in rows:
+        pairs += [(r, "LoRA MHA") for r in rows if r.startswith("LoRA DAMCHA")]
+    return pairs
+
+
+def compare(task_results: dict, metrics: list[str]) -> list[dict]:
+    """The paired statistics of every comparison pair, per metric, with the step-time ratio of the pair."""
+    comparisons = []
+    for row, reference in comparison_pairs(list(task_results)):
+        for metric in metrics:
+            differences = paired_differences(task_results, row, reference, metric)
+            if differences:
+                comparisons.append({"row": row, "reference": reference, "metric": metric,
+                                    "step_time_ratio": step_time_ratio(task_results, row, reference),
+                                    **paired_statistics(differences)})  # fmt: skip
+    return comparisons
+
+
+# The paper's table: (task, metric, row, reference, expected sign of row - reference, the paper's figures).
+PAPER_CLAIMS = [
+    ("lm", "test_bpb", "DAMCHA", "DCMHA", -1, "GPT-2 cross-entropy: DAMCHA 1.04 vs DCMHA 1.08"),
+    ("vit", "test_top1", "DAMCHA", "DCMHA", +1, "ViT-S/16 top-1: DAMCHA 82.10% vs DCMHA 81.70%"),
+    ("vit", "test_top1", "DAMCHA", "MHA", +1, "ViT-S/16 top-1: DAMCHA 82.10% vs MHA 79.51%"),
+    ("vit", "test_top1", "DCMHA", "MHA", +1, "ViT-S/16 top-1: DCMHA 81.70% vs MHA 79.51%"),
+]
+
+
+def paper_verdicts(comparisons_per_task: dict) -> list[dict]:
+    """Each claim of the paper's table, per DAMCHA row that ran, judged on its paired interval."""
+    verdicts = []
+    for task, metric, row, reference, sign, claim in PAPER_CLAIMS:
+        for comparison in comparisons_per_task.get(task, []):
+            if comparison["metric"] != metric or comparison["reference"] != reference:
+                continue
+            name = comparison["row"]
+            if name != row and not (row == "DAMCHA" and name.startswith("DAMCHA ")):
+                continue
+            verdicts.append({"task": task, "claim": claim, "row": name, "reference": reference, "metric": metric,
+                             "verdict": verdict(comparison, sign), **{k: comparison[k] for k in
+                             ("n", "mean", "se", "low", "high", "agree_in_sign")}})  # fmt: skip
+    return verdicts
+
+
 def summarise(task_results: dict, metrics: list[str]) -> dict:
-    """Per row and metric: mean, sample std, per-seed values, and the paired difference to MHA (same seed)."""
+    """Per row and metric: mean, sample std, per-seed values, the paired difference to MHA (same seed) and the mean
+    seconds per training step; under "comparisons", the paired statistics of every comparison pair."""
     reference = {r["seed"]: r for r in task_results.get("MHA", [])}
     summary = {}
     for row, records in task_results.items():
         entry = {"parameters": records[0]["parameters"]}
+        steps = [r["step_seconds"] for r in records if r.get("step_seconds")]
+        if steps:
+            entry["step_seconds"] = sum(steps) / len(steps)
         for metric in metrics:
             values = [r[metric] for r in records if metric in r]
             if not values:
@@ -419,12 +726,20 @@ def summarise(task_results: dict, metrics: list[str]) -> dict:
             paired = [r[metric] - reference[r["seed"]][_base_metric(metric)] for r in records
                       if metric in r and r["seed"] in reference]  # fmt: skip
             if paired and row != "MHA":
-                entry[metric]["paired_diff_vs_mha"] = dict(zip(("mean", "std"), mean_std(paired)), per_seed=paired)
+                entry[metric]["paired_diff_vs_mha"] = paired_statistics(paired)
         if any("mean_metric" in r and r["mean_metric"] for r in records):
             shares = [[offdiagonal_share(layer) for layer in r["mean_metric"]] for r in records if r.get("mean_metric")]
             entry["offdiagonal_share_per_layer"] = [sum(col) / len(col) for col in zip(*shares)]
         summary[row] = entry
     return summary
+
+
+def analyse(results: dict) -> dict:
+    """summary (per task and row), comparisons (per task) and the verdicts on the paper's claims, from the records."""
+    summary = {task: summarise(rows, TASK_METRICS[task]) for task, rows in results.items()}
+    comparisons = {task: compare(rows, [m for m in TASK_METRICS[task] if not m.startswith(ABLATION_MASKS)])
+                   for task, rows in results.items()}  # fmt: skip
+    return {"summary": summary, "comparisons": comparisons, "paper_verdicts": paper_verdicts(comparisons)}
 
 
 def _base_metric(metric: str) -> str:
@@ -441,38 +756,75 @@ def fmt(entry: dict, metric: str, scale: float = 1.0, digits: int = 3) -> str:
     return f"{scale * value['mean']:.{digits}f} ± {scale * value['std']:.{digits}f}"
 
 
+def fmt_paired(stats: dict | None, scale: float = 1.0, digits: int = 3) -> str:
+    """mean ± SE [interval] (k/n same sign), or mean (1 seed)."""
+    if not stats:
+        return "-"
+    if stats.get("se") is None:
+        return f"{scale * stats['mean']:+.{digits}f} (1 seed)"
+    low, high = sorted((scale * stats["low"], scale * stats["high"]))
+    return (f"{scale * stats['mean']:+.{digits}f} ± {abs(scale) * stats['se']:.{digits}f} "
+            f"[{low:+.{digits}f}, {high:+.{digits}f}] ({stats['agree_in_sign']}/{stats['n']})")  # fmt: skip
+
+
 def fmt_diff(entry: dict, metric: str, scale: float = 1.0, digits: int = 3) -> str:
     if metric not in entry or "paired_diff_vs_mha" not in entry[metric]:
         return "-"
-    value = entry[metric]["paired_diff_vs_mha"]
-    return f"{scale * value['mean']:+.{digits}f} ± {scale * value['std']:.{digits}f}"
+    return fmt_paired(entry[metric]["paired_diff_vs_mha"], scale, digits)
+
+
+def fmt_step(entry: dict) -> str:
+    return f"{1000 * entry['step_seconds']:.0f}" if entry.get("step_seconds") else "-"
+
+
+METRIC_FORMAT = {  # metric -> (label, scale, digits)
+    "validation_bpb": ("val bpb", 1.0, 3), "test_bpb": ("test bpb", 1.0, 3), "test_top1": ("test top-1 points", 100.0, 2),
+}  # fmt: skip
 
 
 def tables(report: dict) -> str:
     out = []
     seeds = report["args"]["seeds"]
-    if "lm" in report["summary"]:
-        summary = report["summary"]["lm"]
-        headers = ["row", "params", "val bpb", "test bpb", "test Δ vs MHA (paired)", "diagonal-only test bpb",
+    upcycle = report["args"].get("upcycle")
+    summaries = report["summary"]
+    if "lm" in summaries:
+        summary = summaries["lm"]
+        headers = ["row", "params", "ms/step", "val bpb", "test bpb", "test Δ vs MHA (paired)", "diagonal-only test bpb",
                    "off-diagonal-only test bpb"]  # fmt: skip
-        rows = [[name, f"{e['parameters'] / 1e6:.3f}M", fmt(e, "validation_bpb"), fmt(e, "test_bpb"),
+        rows = [[name, f"{e['parameters'] / 1e6:.3f}M", fmt_step(e), fmt(e, "validation_bpb"), fmt(e, "test_bpb"),
                  fmt_diff(e, "test_bpb"), fmt(e, "diagonal_test_bpb"), fmt(e, "offdiagonal_test_bpb")]
                 for name, e in summary.items()]  # fmt: skip
-        out.append(
-            f"### Byte-level LM (bits per byte, mean ± std over seeds {seeds})\n\n" + format_table(headers, rows)
-        )
-    if "vit" in report["summary"]:
-        summary = report["summary"]["vit"]
-        headers = ["row", "params", "test top-1 %", "Δ vs MHA (paired, points)", "diagonal-only top-1 %",
+        title = "Upcycled byte-level LM (after continuing)" if upcycle else "Byte-level LM"
+        out.append(f"### {title} (bits per byte, mean ± std over seeds {seeds})\n\n" + format_table(headers, rows))
+    if "vit" in summaries:
+        summary = summaries["vit"]
+        headers = ["row", "params", "ms/step", "test top-1 %", "Δ vs MHA (paired, points)", "diagonal-only top-1 %",
                    "off-diagonal-only top-1 %"]  # fmt: skip
-        rows = [[name, f"{e['parameters'] / 1e6:.3f}M", fmt(e, "test_top1", 100, 2), fmt_diff(e, "test_top1", 100, 2),
-                 fmt(e, "diagonal_test_top1", 100, 2), fmt(e, "offdiagonal_test_top1", 100, 2)]
-                for name, e in summary.items()]  # fmt: skip
+        rows = [[name, f"{e['parameters'] / 1e6:.3f}M", fmt_step(e), fmt(e, "test_top1", 100, 2),
+                 fmt_diff(e, "test_top1", 100, 2), fmt(e, "diagonal_test_top1", 100, 2),
+                 fmt(e, "offdiagonal_test_top1", 100, 2)] for name, e in summary.items()]  # fmt: skip
+        title = "Upcycled Fashion-MNIST ViT (after continuing)" if upcycle else "Fashion-MNIST ViT"
+        out.append(f"### {title} (test top-1, mean ± std over seeds {seeds})\n\n" + format_table(headers, rows))
+    comparisons = [[task, f"{c['row']} − {c['reference']}", METRIC_FORMAT[c["metric"]][0],
+                    fmt_paired(c, *METRIC_FORMAT[c["metric"]][1:]),
+                    "-" if c["step_time_ratio"] is None else f"{c['step_time_ratio']:.2f}x"]
+                   for task, items in report.get("comparisons", {}).items() for c in items]  # fmt: skip
+    if comparisons:
         out.append(
-            f"### Fashion-MNIST ViT (test top-1, mean ± std over seeds {seeds})\n\n" + format_table(headers, rows)
+            f"### Paired differences (mean ± standard error over seeds [two-sided {100 * CONFIDENCE:.0f}% Student-t "
+            "interval, n-1 df] (seeds agreeing in sign / seeds); step time: row's seconds per step over the "
+            "reference's, same seed)\n\n"
+            + format_table(["task", "difference", "metric", "paired difference", "step time"], comparisons)
         )
+    verdicts = [[v["claim"], f"{v['row']} − {v['reference']}",
+                 fmt_paired(v, *METRIC_FORMAT[v["metric"]][1:]), v["verdict"]]
+                for v in report.get("paper_verdicts", [])]  # fmt: skip
+    if verdicts and not upcycle:
+        out.append("### Against the paper's table (a claim only where the interval excludes zero)\n\n"
+                   + format_table(["paper", "here", "paired difference [95% t interval] (agree/n)", "verdict"],
+                                  verdicts))  # fmt: skip
     shares = []
-    for task, summary in report["summary"].items():
+    for task, summary in summaries.items():
         for name, entry in summary.items():
             if "offdiagonal_share_per_layer" in entry:
                 per_layer = ", ".join(f"{v:.3f}" for v in entry["offdiagonal_share_per_layer"])
@@ -551,6 +903,7 @@ def plot(report: dict, results: dict, out_dir: str, prefix: str) -> list[str]:
 def replot(path: str, out_dir: str) -> dict:
     with open(path) as file:
         report = json.load(file)
+    report.update(analyse(report["results"]))  # recomputed, so older reports get the current statistics
     print(tables(report))
     prefix = os.path.splitext(os.path.basename(path))[0]
     print("wrote " + ", ".join(plot(report, report["results"], out_dir, prefix)))
@@ -563,11 +916,11 @@ TASK_METRICS = {
 }
 RUN_SETTINGS_IGNORED = {
     "seeds", "tasks", "prefix", "out_dir", "threads", "merge", "replot", "no_plots", "device", "rows",
-    "parameter_matched_mha",
+    "parameter_matched_mha", "overwrite", "no_baselines",
 }  # fmt: skip
 
 
-def merge(paths: list[str], out_dir: str, prefix: str) -> dict:
+def merge(paths: list[str], out_dir: str, prefix: str, overwrite: bool = False) -> dict:
     """One report from several runs that differ only in their seeds (and tasks): the seeds' records are pooled."""
     reports = []
     for path in paths:
@@ -595,15 +948,23 @@ def merge(paths: list[str], out_dir: str, prefix: str) -> dict:
         "args": {**reports[0]["args"], "seeds": all_seeds, "prefix": prefix, "merged_from": paths},
         "data": reports[0]["data"],
         "wall_seconds": sum(r["wall_seconds"] for r in reports),
-        "summary": {task: summarise(rows, TASK_METRICS[task]) for task, rows in results.items()},
+        **analyse(results),
         "results": results,
     }
     report["tables"] = tables(report)
     print(report["tables"])
     json_path = os.path.join(out_dir, f"{prefix}.json")
+    refuse_to_overwrite(json_path, overwrite)
     write_json_atomic(json_path, report)
     print("wrote " + ", ".join([json_path] + plot(report, results, out_dir, prefix)))
     return report
+
+
+def refuse_to_overwrite(json_path: str, overwrite: bool) -> None:
+    if os.path.exists(json_path) and not overwrite:
+        raise SystemExit(
+            f"quality.py: {json_path} exists; pass --overwrite to replace it, or another --out-dir / --prefix."
+        )
 
 
 def main(argv=None):
@@ -611,29 +972,38 @@ def main(argv=None):
     if args.replot:
         return replot(args.replot, args.out_dir)
     if args.merge:
-        return merge(args.merge, args.out_dir, args.prefix)
+        return merge(args.merge, args.out_dir, args.prefix, args.overwrite)
+    json_path = os.path.join(args.out_dir, f"{args.prefix}.json")
+    refuse_to_overwrite(json_path, args.overwrite)
     device, machine = set_up_device(args.device, args.threads)
     print(f"quality.py ({args.preset} preset) on {machine}; args: {vars(args)}", flush=True)
     started = time.time()
-    results, summary = {}, {}
-    if "lm" in args.tasks:
-        results["lm"] = run_lm(args, device)
-        summary["lm"] = summarise(results["lm"], TASK_METRICS["lm"])
-    if "vit" in args.tasks:
-        results["vit"] = run_vit(args, device)
-        summary["vit"] = summarise(results["vit"], TASK_METRICS["vit"])
-    report = {
-        "machine": machine,
-        "torch": torch.__version__,
-        "args": vars(args),
-        "data": "synthetic" if args.synthetic else {"lm": GCIDE_PATH, "vit": FASHION_MNIST_DIR},
-        "wall_seconds": time.time() - started,
-        "summary": summary,
-        "results": results,
-    }
+    results = {}
+
+    def report_of(finished: bool) -> dict:
+        return {
+            "machine": machine,
+            "torch": torch.__version__,
+            "args": vars(args),
+            "data": "synthetic" if args.synthetic else {"lm": GCIDE_PATH, "vit": FASHION_MNIST_DIR},
+            "finished": finished,
+            "wall_seconds": time.time() - started,
+            **analyse(results),
+            "results": results,
+        }
+
+    def save_partial(task_name, task_results):
+        # after every trained model, so a run stopped early still leaves every finished record on disk
+        results[task_name] = task_results
+        write_json_atomic(json_path, report_of(finished=False))
+
+    run = run_upcycle if args.upcycle else run_task
+    for name, make_task in (("lm", lm_task), ("vit", vit_task)):
+        if name in args.tasks:
+            results[name] = run(make_task(args, device), args, lambda r, name=name: save_partial(name, r))
+    report = report_of(finished=True)
     report["tables"] = tables(report)
     print("\n" + report["tables"], flush=True)
-    json_path = os.path.join(args.out_dir, f"{args.prefix}.json")
     write_json_atomic(json_path, report)
     written = [json_path] + ([] if args.no_plots else plot(report, results, args.out_dir, args.prefix))
     print(f"\nwrote {', '.join(written)} in {report['wall_seconds']:.0f}s total", flush=True)

@@ -144,16 +144,32 @@ def test_quality_tiny_writes_results_and_figures(tmp_path, capsys):
     assert "Byte-level LM" in printed and "Fashion-MNIST" in printed
     report = json.loads((tmp_path / "quality_tiny.json").read_text())
     lm = report["summary"]["lm"]
-    assert list(lm) == ["MHA", "DAMCHA token", "DAMCHA query"]
+    assert list(lm) == ["MHA", "DAMCHA token", "DAMCHA query", "talking_heads", "DCMHA"]
+    assert all(entry["step_seconds"] > 0 for entry in lm.values())
+    pairs = {(c["row"], c["reference"]) for c in report["comparisons"]["lm"] if c["metric"] == "test_bpb"}
+    assert pairs == {("DAMCHA token", "MHA"), ("DAMCHA query", "MHA"), ("talking_heads", "MHA"), ("DCMHA", "MHA"),
+                     ("DAMCHA token", "talking_heads"), ("DAMCHA token", "DCMHA"), ("DAMCHA query", "talking_heads"),
+                     ("DAMCHA query", "DCMHA")}  # fmt: skip
+    for comparison in report["comparisons"]["lm"]:  # the stored statistics are those of the stored per-seed values
+        by_seed = {r["seed"]: r[comparison["metric"]] for r in report["results"]["lm"][comparison["reference"]]}
+        expected = [r[comparison["metric"]] - by_seed[r["seed"]] for r in report["results"]["lm"][comparison["row"]]]
+        assert comparison["per_seed"] == pytest.approx(expected)
+        assert comparison["mean"] == pytest.approx(sum(expected) / 2)
+    lm_claims = [v for v in report["paper_verdicts"] if v["task"] == "lm"]
+    assert {v["row"] for v in lm_claims} == {"DAMCHA token", "DAMCHA query"}
+    assert all(v["verdict"] in ("confirmed", "not shown", "contradicted") for v in report["paper_verdicts"])
+    assert "Against the paper" in printed and "Paired differences" in printed
     for name, entry in lm.items():
         assert len(entry["test_bpb"]["per_seed"]) == 2
         assert all(0 < v < 9 and math.isfinite(v) for v in entry["test_bpb"]["per_seed"])
         has_ablation = "diagonal_test_bpb" in entry and "offdiagonal_test_bpb" in entry
-        assert has_ablation == (name != "MHA")
+        assert has_ablation == name.startswith("DAMCHA")
     for record in report["results"]["lm"]["DAMCHA token"]:
         assert len(record["mean_metric"]) == 1 and len(record["mean_metric"][0]) == 4  # 1 layer, 4 x 4
     vit = report["summary"]["vit"]
-    expected_vit_rows = ["MHA", "DAMCHA sequence", "DAMCHA token"] if bench_common.has_vit() else ["MHA"]
+    expected_vit_rows = (
+        ["MHA", "DAMCHA sequence", "DAMCHA token", "talking_heads", "DCMHA"] if bench_common.has_vit() else ["MHA"]
+    )
     assert list(vit) == expected_vit_rows
     assert all(0 <= v <= 1 for entry in vit.values() for v in entry["test_top1"]["per_seed"])
     assert (tmp_path / "quality_tiny_loss_curves.png").stat().st_size > 0
@@ -163,6 +179,11 @@ def test_quality_tiny_writes_results_and_figures(tmp_path, capsys):
     (tmp_path / "quality_tiny_loss_curves.png").unlink()
     quality.main(["--replot", str(tmp_path / "quality_tiny.json"), "--out-dir", str(tmp_path)])
     assert (tmp_path / "quality_tiny_loss_curves.png").stat().st_size > 0
+    # a second run into the same folder refuses to replace the first one's results
+    written = (tmp_path / "quality_tiny.json").read_text()
+    with pytest.raises(SystemExit, match="--overwrite"):
+        quality.main(["--tiny", "--synthetic", "--threads", "1", "--out-dir", str(tmp_path)])
+    assert (tmp_path / "quality_tiny.json").read_text() == written
 
 
 def test_bad_arguments_are_refused():
@@ -202,3 +223,101 @@ def test_parameter_matched_mha_has_damchas_parameter_count():
     assert type(matched).__name__ == "GPT2LMHeadModel"
     assert abs(bench_common.count_parameters(matched) - damcha) <= one_mlp_unit / 2
     assert bench_common.count_parameters(rows["MHA"].build()) < damcha - one_mlp_unit
+
+
+def test_quality_writes_to_a_new_runs_folder_by_default():
+    args = quality.parse_args(["--tiny"])
+    runs = os.path.join(quality.REPOSITORY, "runs", "quality")
+    assert os.path.dirname(args.out_dir) == runs and os.path.basename(args.out_dir).startswith("quality_tiny-")
+    assert quality.parse_args(["--tiny", "--upcycle"]).prefix == "quality_tiny_upcycle"
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--tiny", "--lora"])  # an upcycling flag without --upcycle
+
+
+@pytest.mark.parametrize("probability", [0.6, 0.9, 0.975, 0.995])
+def test_student_t_quantile_matches_closed_forms(probability):
+    # df = 1 (Cauchy): tan(pi (p - 1/2)); df = 2: (2p - 1) / sqrt(2 p (1 - p));
+    # df = 4: 2 sqrt(q - 1) with q = cos(arccos(sqrt(a)) / 3) / sqrt(a), a = 4 p (1 - p)
+    assert quality.student_t_quantile(probability, 1) == pytest.approx(
+        math.tan(math.pi * (probability - 0.5)), rel=1e-6
+    )
+    two = (2 * probability - 1) / math.sqrt(2 * probability * (1 - probability))
+    assert quality.student_t_quantile(probability, 2) == pytest.approx(two, rel=1e-6)
+    a = 4 * probability * (1 - probability)
+    q = math.cos(math.acos(math.sqrt(a)) / 3) / math.sqrt(a)
+    assert quality.student_t_quantile(probability, 4) == pytest.approx(2 * math.sqrt(q - 1), rel=1e-6)
+    assert quality.student_t_quantile(1 - probability, 2) == pytest.approx(-two, rel=1e-6)
+
+
+def test_paired_statistics_and_verdicts():
+    differences = [-0.01, -0.03, -0.02, 0.01]
+    stats = quality.paired_statistics(differences)
+    mean = -0.0125
+    std = math.sqrt(((0.0025) ** 2 + (0.0175) ** 2 + (0.0075) ** 2 + (0.0225) ** 2) / 3)
+    t3 = quality.student_t_quantile(0.975, 3)
+    assert stats["n"] == 4 and stats["agree_in_sign"] == 3
+    assert stats["mean"] == pytest.approx(mean) and stats["std"] == pytest.approx(std)
+    assert stats["se"] == pytest.approx(std / 2)
+    assert t3 == pytest.approx(3.182446305, rel=1e-6)  # the tabulated 97.5% point of t with 3 df
+    assert (stats["low"], stats["high"]) == pytest.approx((mean - t3 * std / 2, mean + t3 * std / 2))
+    assert quality.verdict(stats, -1) == "not shown"  # the interval [-0.040, +0.015] contains zero
+    clear = quality.paired_statistics([-0.03, -0.035, -0.025, -0.03])
+    assert clear["high"] < 0 and clear["agree_in_sign"] == 4
+    assert quality.verdict(clear, -1) == "confirmed" and quality.verdict(clear, +1) == "contradicted"
+    one = quality.paired_statistics([-0.5])
+    assert one["se"] is None and quality.verdict(one, -1) == "not shown"
+
+
+def test_baseline_rows_start_as_the_seeds_mha():
+    kwargs = bench_common.gpt2_config_kwargs(2, 32, 4, 16, vocab=50)
+    mha = bench_common.gpt2_rows(kwargs, metric_hidden_size=8, seed=5, variants=False)[0]
+    rows = quality.baseline_rows(mha, 5, quality.damcha_hf.DamchaGPT2Config)
+    assert [row.name for row in rows] == ["talking_heads", "DCMHA"]
+    ids = torch.randint(0, 50, (2, 16))
+    reference = mha.build().eval()(input_ids=ids).logits
+    for row in rows:
+        model = row.build().eval()
+        assert model.config.cross_head_variant == {"talking_heads": "talking_heads", "DCMHA": "dcmha"}[row.name]
+        assert any(name.endswith("cross_head_mixing") for name, _ in model.named_modules())
+        torch.testing.assert_close(model(input_ids=ids).logits, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_upcycle_arms_start_from_the_pretrained_function_and_lora_trains_the_generator():
+    args = quality.parse_args(["--tiny", "--synthetic", "--threads", "1", "--upcycle", "--lora", "--lora-rank", "2"])
+    task = quality.lm_task(args, torch.device("cpu"))
+    pretrained = task.rows(0)[0].build()
+    with torch.no_grad():  # a "trained" MHA: any weights other than the initial ones
+        for parameter in pretrained.parameters():
+            parameter.add_(0.02 * torch.randn_like(parameter))
+    ids = torch.randint(0, 256, (2, 16))
+    reference = pretrained.eval()(input_ids=ids).logits
+    trainable = {}
+    for name, make in quality.upcycle_arms(task, lora_rank=2, metric_hidden_size=8):
+        start = task.rows(0)[0].build()
+        start.load_state_dict(pretrained.state_dict())
+        model = make(start).eval()
+        torch.testing.assert_close(model(input_ids=ids).logits, reference, rtol=1e-5, atol=1e-5)
+        trainable[name] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert list(trainable) == ["MHA", "DAMCHA token", "DAMCHA query", "LoRA MHA", "LoRA DAMCHA token"]
+    # LoRA on the converted model trains the same adapters plus the whole metric generator d -> r -> H*H
+    d, r, heads = 32, 8, 4
+    assert trainable["LoRA DAMCHA token"] - trainable["LoRA MHA"] == d * r + r + r * heads * heads + heads * heads
+    # rank-2 adapters (r (in + out) each) on c_attn 32 -> 96, attn.c_proj 32 -> 32, c_fc 32 -> 128, mlp.c_proj 128 -> 32
+    assert trainable["LoRA MHA"] == 2 * ((32 + 96) + (32 + 32) + (32 + 128) + (128 + 32))
+    assert trainable["MHA"] == bench_common.count_parameters(pretrained)
+
+
+def test_quality_upcycle_tiny_runs_every_arm(tmp_path, capsys):
+    common = ["--tiny", "--synthetic", "--threads", "1", "--tasks", "lm", "--no-plots", "--out-dir", str(tmp_path)]
+    report = quality.main([*common, "--upcycle", "--lora", "--pretrain-steps", "3", "--continue-steps", "2"])
+    assert "Upcycled byte-level LM" in capsys.readouterr().out
+    lm = report["results"]["lm"]
+    assert list(lm) == ["MHA", "DAMCHA token", "DAMCHA query", "LoRA MHA", "LoRA DAMCHA token"]
+    for records in lm.values():
+        assert [r["seed"] for r in records] == [0, 1]
+        assert all(r["curve"][-1][0] == 2 and r["pretrain_curve"][-1][0] == 3 for r in records)
+    for seed in (0, 1):  # every arm continues from the same pretrained model of its seed
+        assert len({json.dumps(records[seed]["pretrained"]) for records in lm.values()}) == 1
+    pairs = {(c["row"], c["reference"]) for c in report["comparisons"]["lm"]}
+    assert ("LoRA DAMCHA token", "LoRA MHA") in pairs and ("DAMCHA query", "MHA") in pairs
+    assert json.loads((tmp_path / "quality_tiny_upcycle.json").read_text())["finished"] is True

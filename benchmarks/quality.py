@@ -734,12 +734,33 @@ def summarise(task_results: dict, metrics: list[str]) -> dict:
     return summary
 
 
+def gap_over_training(task_results: dict, unit: float, points: int = 4) -> list[dict]:
+    """Paired training-loss gap (row - reference, same seed and batches) at `points` evenly spaced logged steps, per
+    comparison pair, in `unit`s (ln 2 turns the LM's nats into bits per byte): does a gap open, hold or close?"""
+    gaps = []
+    for row, reference in comparison_pairs(list(task_results)):
+        curves = {r["seed"]: dict(r["curve"]) for r in task_results[reference]}
+        records = [r for r in task_results[row] if r["seed"] in curves]
+        if not records:
+            continue
+        logged = [step for step, _ in records[0]["curve"]]
+        picks = sorted({logged[max(0, round(len(logged) * (i + 1) / points) - 1)] for i in range(points)})
+        for step in picks:
+            differences = [(dict(r["curve"])[step] - curves[r["seed"]][step]) / unit for r in records
+                           if step in dict(r["curve"]) and step in curves[r["seed"]]]  # fmt: skip
+            if differences:
+                gaps.append({"row": row, "reference": reference, "step": step, **paired_statistics(differences)})
+    return gaps
+
+
 def analyse(results: dict) -> dict:
     """summary (per task and row), comparisons (per task) and the verdicts on the paper's claims, from the records."""
     summary = {task: summarise(rows, TASK_METRICS[task]) for task, rows in results.items()}
     comparisons = {task: compare(rows, [m for m in TASK_METRICS[task] if not m.startswith(ABLATION_MASKS)])
                    for task, rows in results.items()}  # fmt: skip
-    return {"summary": summary, "comparisons": comparisons, "paper_verdicts": paper_verdicts(comparisons)}
+    gaps = {task: gap_over_training(rows, math.log(2) if task == "lm" else 1.0) for task, rows in results.items()}
+    return {"summary": summary, "comparisons": comparisons, "paper_verdicts": paper_verdicts(comparisons),
+            "training_gaps": gaps}  # fmt: skip
 
 
 def _base_metric(metric: str) -> str:
@@ -815,6 +836,24 @@ def tables(report: dict) -> str:
             "interval, n-1 df] (seeds agreeing in sign / seeds); step time: row's seconds per step over the "
             "reference's, same seed)\n\n"
             + format_table(["task", "difference", "metric", "paired difference", "step time"], comparisons)
+        )
+    gaps = {}
+    for task, items in report.get("training_gaps", {}).items():
+        for gap in items:
+            gaps.setdefault((task, gap["row"], gap["reference"]), []).append(gap)
+    if gaps:
+        steps = sorted({g["step"] for items in gaps.values() for g in items})
+        out.append(
+            "### Paired training-loss gap over training (row − reference, same batches; LM in bits per byte, ViT in "
+            "nats; mean ± SE [95% t] (agree/n) over the logging window ending at each step)\n\n"
+            + format_table(
+                ["task", "difference"] + [f"step {s}" for s in steps],
+                [
+                    [task, f"{row} − {reference}"]
+                    + [next((fmt_paired(g) for g in items if g["step"] == s), "-") for s in steps]
+                    for (task, row, reference), items in gaps.items()
+                ],
+            )  # fmt: skip
         )
     verdicts = [[v["claim"], f"{v['row']} − {v['reference']}",
                  fmt_paired(v, *METRIC_FORMAT[v["metric"]][1:]), v["verdict"]]

@@ -321,3 +321,20 @@ def test_quality_upcycle_tiny_runs_every_arm(tmp_path, capsys):
     pairs = {(c["row"], c["reference"]) for c in report["comparisons"]["lm"]}
     assert ("LoRA DAMCHA token", "LoRA MHA") in pairs and ("DAMCHA query", "MHA") in pairs
     assert json.loads((tmp_path / "quality_tiny_upcycle.json").read_text())["finished"] is True
+
+
+def test_gap_over_training_pairs_the_curves_by_seed():
+    # MHA's curve is 2.0 everywhere; the row's is 2.0 - 0.1 * seed-dependent amounts at every logged step
+    results = {
+        "MHA": [{"seed": s, "curve": [(10, 2.0), (20, 2.0), (30, 2.0), (40, 2.0)]} for s in (0, 1)],
+        "DAMCHA token": [
+            {"seed": 1, "curve": [(10, 1.9), (20, 1.8), (30, 1.7), (40, 1.6)]},
+            {"seed": 0, "curve": [(10, 2.1), (20, 2.0), (30, 1.9), (40, 1.8)]},
+        ],
+    }
+    gaps = quality.gap_over_training(results, unit=2.0, points=2)
+    assert [(g["row"], g["reference"], g["step"]) for g in gaps] == [("DAMCHA token", "MHA", 20),
+                                                                      ("DAMCHA token", "MHA", 40)]  # fmt: skip
+    assert gaps[0]["per_seed"] == pytest.approx([-0.1, 0.0])  # (1.8 - 2.0) / 2 for seed 1, (2.0 - 2.0) / 2 for seed 0
+    assert gaps[1]["per_seed"] == pytest.approx([-0.2, -0.1])
+    assert gaps[1]["mean"] == pytest.approx(-0.15) and gaps[1]["agree_in_sign"] == 2

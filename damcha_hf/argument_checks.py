@@ -21,6 +21,17 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written (its example commands keep their lines) and each option's default in its help,
+    as `ArgumentDefaultsHelpFormatter` shows it; options without a default (None) or flags (False) show none."""
+
+    def _get_help_string(self, action):
+        help_text = action.help or ""
+        if "%(default)" in help_text or "(default" in help_text or action.default in (None, False, argparse.SUPPRESS):
+            return help_text
+        return super()._get_help_string(action)
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1 (a batch size, a step count, a width)."""
     value = _number(text, int)
@@ -115,6 +126,7 @@ def check_output(parser: argparse.ArgumentParser, check, *args, **kwargs):
 
 __all__ = [
     "ArgumentParser",
+    "HelpFormatter",
     "check_heads_divide_width",
     "check_output",
     "heads_divide_width_error",

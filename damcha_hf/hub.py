@@ -394,11 +394,15 @@ def loading_section(auto_class: str, repo_id: str, family: str, has_preprocessor
             f'model = {auto_class}.from_pretrained("{repo_id}"{suffix})',
         ]
         if has_preprocessor:
-            lines.append(f'preprocessor = {preprocessor_class}.from_pretrained("{repo_id}")')
+            # Without the plugin, the tokenizer / image processor also needs trust_remote_code: to find its class,
+            # transformers may read config.json, and an unknown model_type there without the flag stops at an
+            # interactive "Do you wish to run the custom code? [y/N]" prompt (a hang in a notebook or a script).
+            lines.append(f'preprocessor = {preprocessor_class}.from_pretrained("{repo_id}"{suffix})')
         return "```python\n" + "\n".join(lines) + "\n```"
 
     return (
-        "## How to load\n\nWith the `damcha-hf` plugin installed (`pip install damcha-hf`):\n\n"
+        "## How to load\n\nWith the `damcha-hf` plugin installed (it is not on PyPI: in a clone of its repository, "
+        "`pip install -e .`):\n\n"
         + snippet(plugin=True)
         + "\n\nWithout the plugin: the repository carries the model code (`configuration_damcha_*.py`, "
         "`modeling_damcha_*.py`, `damcha_attention.py` and the files they import; they import only torch and "

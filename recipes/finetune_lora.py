@@ -28,7 +28,7 @@ import common  # standard library only: torch, transformers and peft are importe
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=common.checks.HelpFormatter)
     parser.add_argument("--base", required=True, help="a local GPT-2 / Llama / ViT (or DAMCHA) checkpoint folder")
     lora = parser.add_argument_group("LoRA")
     lora.add_argument("--lora-rank", type=common.checks.positive_int, default=8)

@@ -25,7 +25,7 @@ import common  # standard library only: torch and transformers are imported afte
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=common.checks.HelpFormatter)
     common.add_text_data_arguments(parser)
     common.add_gpt2_size_arguments(parser)
     parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model")

@@ -39,7 +39,7 @@ STATE_FILE = "loop_state.json"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=common.checks.HelpFormatter)
     common.add_text_data_arguments(parser)
     common.add_gpt2_size_arguments(parser)
     common.add_metric_arguments(parser)

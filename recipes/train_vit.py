@@ -28,7 +28,7 @@ VIT_MODEL_FLAGS = {"patch_size": "patch_size", "hidden_size": "hidden_size", "nu
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=common.checks.HelpFormatter)
     common.add_image_data_arguments(parser)
     group = parser.add_argument_group("model size (new models)")
     group.add_argument("--patch-size", type=common.checks.positive_int, default=4)

@@ -404,7 +404,7 @@ def test_metric_map_matches_a_naive_recomputation():
     assert compute_metric_map(model).offdiagonal_mass == [0.0, 0.0, 0.0]
 
 
-def test_inspect_writes_a_png_with_one_panel_per_layer(tmp_path, capsys):
+def test_inspect_writes_a_png_with_one_panel_per_layer(tmp_path, capsys, monkeypatch):
     folder = tmp_path / "checkpoint"
     tiny_lm(n_layer=3).save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
@@ -422,8 +422,23 @@ def test_inspect_writes_a_png_with_one_panel_per_layer(tmp_path, capsys):
 
     data = tmp_path / "sample.txt"
     data.write_text("def f(x):\n    return x + 1\n" * 40)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    # By default the picture goes to the current folder, never into the checkpoint (its card shows its own).
     assert cli_main(["inspect", str(folder), "--data", str(data)]) == 0
-    assert (folder / hub.METRIC_HEATMAP_FILE).read_bytes().startswith(PNG_SIGNATURE)
+    assert (work / f"checkpoint_{hub.METRIC_HEATMAP_FILE}").read_bytes().startswith(PNG_SIGNATURE)
+    assert not (folder / hub.METRIC_HEATMAP_FILE).exists()
+    capsys.readouterr()
+    assert cli_main(["inspect", str(folder), "--data", str(data)]) == 2  # an existing picture needs --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    assert cli_main(["inspect", str(folder), "--data", str(data), "--overwrite"]) == 0
+    own = folder / hub.METRIC_HEATMAP_FILE
+    own.write_bytes(b"the checkpoint's own heatmap")
+    assert cli_main(["inspect", str(folder), "--output", str(own)]) == 2
+    assert "checkpoint's own heatmap" in capsys.readouterr().err and own.read_bytes() == b"the checkpoint's own heatmap"
+    assert cli_main(["inspect", str(folder), "--output", str(own), "--overwrite"]) == 0
+    assert own.read_bytes().startswith(PNG_SIGNATURE)
     assert cli_main(["inspect", str(folder), "--data", str(tmp_path / "missing.txt")]) == 2
     assert "must be a text file" in capsys.readouterr().err
 
@@ -455,7 +470,7 @@ def test_push_completes_the_auto_map_of_a_plain_save(tmp_path, fake_hub, online)
     }
 
 
-def test_inspect_a_vit_checkpoint_on_an_image_folder(tmp_path, capsys):
+def test_inspect_a_vit_checkpoint_on_an_image_folder(tmp_path, capsys, monkeypatch):
     from test_vit import tiny_damcha_vit_config
 
     folder = tmp_path / "vit"
@@ -471,8 +486,9 @@ def test_inspect_a_vit_checkpoint_on_an_image_folder(tmp_path, capsys):
     assert cli_main(["inspect", str(folder), "--data", str(pictures), "--output", str(tmp_path / "vit.png")]) == 0
     assert "(3 panels)" in capsys.readouterr().out
     assert (tmp_path / "vit.png").read_bytes().startswith(PNG_SIGNATURE)
+    monkeypatch.chdir(tmp_path)
     assert cli_main(["inspect", str(folder)]) == 0  # random images of the configured size
-    assert (folder / hub.METRIC_HEATMAP_FILE).read_bytes().startswith(PNG_SIGNATURE)
+    assert (tmp_path / f"vit_{hub.METRIC_HEATMAP_FILE}").read_bytes().startswith(PNG_SIGNATURE)
     assert cli_main(["inspect", str(folder), "--data", str(tmp_path / "vit.png")]) == 2
     assert "must be a folder of images" in capsys.readouterr().err
 

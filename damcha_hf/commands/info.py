@@ -16,12 +16,23 @@ def model_argument(text: str) -> str:
     if text in PRESETS or os.path.isfile(os.path.join(text, "config.json")):
         return text
     if not os.path.exists(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a preset ({', '.join(PRESETS)}) nor an existing folder")
+        # Never a Hub download: `info` answers at once, offline included, from a preset or a local folder.
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a preset ({', '.join(PRESETS)}) nor a local checkpoint folder; `info` works "
+            "offline and does not download Hub ids: save the model to a folder first (e.g. "
+            "`AutoConfig.from_pretrained(...).save_pretrained('folder')`) and pass the folder"
+        )
     raise argparse.ArgumentTypeError(f"{text!r} is not a checkpoint folder (no config.json)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("info", help="print a model's DAMCHA settings and metric-generator parameter share")
+    from damcha_hf_cli import light_import
+
+    parser = subparsers.add_parser(
+        "info",
+        help="print a model's DAMCHA settings and metric-generator parameter share",
+        formatter_class=light_import("damcha_hf.argument_checks").HelpFormatter,
+    )
     parser.add_argument(
         "model",
         nargs="?",
@@ -42,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoConfig, AutoModel
 
+    import damcha_hf
     from damcha_hf.families import presets
     from damcha_hf.hub import generator_share
 
@@ -59,8 +71,11 @@ def run(args: argparse.Namespace) -> int:
                 f"{args.model} is a {config.model_type!r} checkpoint, not a DAMCHA one; convert it first with "
                 "`damcha_hf.convert_to_damcha(model)` and save that, or pass a DAMCHA checkpoint folder."
             )
+        # The saved class (e.g. DamchaGPT2LMHeadModel), not AutoModel's base model: its name and parameter count
+        # are the checkpoint's.
+        saved_class = getattr(damcha_hf, (config.architectures or [""])[0], None)
         with torch.device("meta"):  # the settings and parameter counts need no weights
-            model = AutoModel.from_config(config)
+            model = saved_class(config) if saved_class is not None else AutoModel.from_config(config)
     generator, total = generator_share(model)
     rows = [("model", f"{type(model).__name__} ({args.model})")]
     fields = ("cross_head_variant", "metric_context", "metric_mask", "metric_sharing", "metric_hidden_size")

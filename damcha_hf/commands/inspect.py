@@ -25,8 +25,11 @@ def checkpoint_folder(text: str) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from damcha_hf_cli import light_import
+
     parser = subparsers.add_parser(
         "inspect",
+        formatter_class=light_import("damcha_hf.argument_checks").HelpFormatter,
         help="draw the learned cross-head matrix C of a checkpoint (mean over tokens, one panel per layer)",
         description="Run a few inputs through a DAMCHA checkpoint, draw each layer's mean cross-head matrix C as a "
         "heatmap and print each layer's off-diagonal mass sum_{i!=j}|C_ij| / sum|C_ij|.",
@@ -39,7 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a text file (GPT-2) or a folder of images (ViT); default: a few lines of Python standard-library "
         "source (text) or random images of the configured size (ViT)",
     )
-    parser.add_argument("--output", type=png_path, help="the PNG to write (default: CHECKPOINT/metric_heatmap.png)")
+    parser.add_argument(
+        "--output",
+        type=png_path,
+        help="the PNG to write (default: CHECKPOINTNAME_metric_heatmap.png in the current folder; the checkpoint's own "
+        "metric_heatmap.png, which its model card shows, is left alone unless you name it here with --overwrite)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     parser.set_defaults(func=run)
 
 
@@ -102,7 +111,16 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as error:
             print(f"damcha-hf inspect: {error}", file=sys.stderr)
             return 2
-    output = Path(args.output) if args.output else checkpoint / METRIC_HEATMAP_FILE
+    output = Path(args.output) if args.output else Path(f"{checkpoint.resolve().name}_{METRIC_HEATMAP_FILE}")
+    if output.exists() and not args.overwrite:
+        raise FileExistsError(
+            f"{output} exists; pass --overwrite to replace it, or --output to write elsewhere"
+            + (
+                " (it is the checkpoint's own heatmap, shown by its model card)"
+                if output.resolve().parent == checkpoint.resolve()
+                else ""
+            )
+        )
     result = write_metric_map(
         model, output, inputs, tokenizer=tokenizer, title=f"{checkpoint.name}: cross-head matrix C"
     )

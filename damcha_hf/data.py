@@ -265,14 +265,21 @@ def load_text_corpus(
             files.sort()
         if all(os.path.getsize(file) == 0 for file in files):
             raise ValueError(f"The corpus {str(data)!r} is empty (its files have no text); point `--data` at text.")
-        dataset = datasets.load_dataset(
-            "text",
-            data_files={"train": files},
-            sample_by="document" if documents else "line",
-            keep_linebreaks=True,
-            encoding_errors="replace",
-            split="train",
-        )
+        # Local files: `datasets` would show "Downloading data" bars for them, which only confuses.
+        bars_were_enabled = not datasets.utils.are_progress_bars_disabled()
+        datasets.utils.disable_progress_bars()
+        try:
+            dataset = datasets.load_dataset(
+                "text",
+                data_files={"train": files},
+                sample_by="document" if documents else "line",
+                keep_linebreaks=True,
+                encoding_errors="replace",
+                split="train",
+            )
+        finally:
+            if bars_were_enabled:
+                datasets.utils.enable_progress_bars()
         if not documents and max_bytes is not None:
             lengths = np.cumsum([len(line.encode("utf-8")) for line in dataset["text"]])
             dataset = dataset.select(range(max(1, int(np.searchsorted(lengths, max_bytes)))))
@@ -335,9 +342,14 @@ def group_into_blocks(
         blocks = [concatenated[start : start + block_size] for start in range(0, usable, block_size)]
         return {"input_ids": blocks, "labels": [list(block) for block in blocks]}
 
-    tokenized = dataset.map(tokenize, batched=True, remove_columns=dataset.column_names, num_proc=num_proc)
+    # `datasets` caches both maps of a file-backed corpus: a second run on the same data and tokenizer reads them back.
+    tokenized = dataset.map(
+        tokenize, batched=True, remove_columns=dataset.column_names, num_proc=num_proc, desc="tokenizing"
+    )
     # Large batches: the tail of each batch (< one block) is dropped, so bigger batches waste less.
-    grouped = tokenized.map(group, batched=True, batch_size=2000, num_proc=num_proc)
+    grouped = tokenized.map(
+        group, batched=True, batch_size=2000, num_proc=num_proc, desc=f"grouping into blocks of {block_size} tokens"
+    )
     if len(grouped) == 0:
         total = sum(len(ids) for ids in tokenized["input_ids"])
         raise ValueError(
@@ -379,13 +391,19 @@ def load_fashion_mnist(
     if prefix is None:
         raise ValueError(f"Fashion-MNIST `split` must be 'train' or 'test' (the t10k-* files), got {split!r}.")
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f"Fashion-MNIST folder {folder!r} does not exist; pass the folder with the idx files.")
+        raise FileNotFoundError(
+            f"Fashion-MNIST folder {folder!r} does not exist; on Debian/Ubuntu `apt-get install dataset-fashion-mnist` "
+            "puts the idx files in /usr/share/datasets/fashion-mnist, or pass the folder that holds them."
+        )
 
     def find(kind: str) -> str:
         for name in (f"{prefix}-{kind}-ubyte.gz", f"{prefix}-{kind}-ubyte"):
             if os.path.isfile(os.path.join(folder, name)):
                 return os.path.join(folder, name)
-        raise FileNotFoundError(f"{folder!r} has no {prefix}-{kind}-ubyte(.gz) file.")
+        raise FileNotFoundError(
+            f"{folder!r} has no {prefix}-{kind}-ubyte(.gz) file; on Debian/Ubuntu `apt-get install "
+            "dataset-fashion-mnist` installs the idx files in /usr/share/datasets/fashion-mnist."
+        )
 
     images, labels = _read_idx(find("images-idx3")), _read_idx(find("labels-idx1"))
     if len(images) != len(labels):

@@ -64,34 +64,45 @@ def metric_options(args: argparse.Namespace) -> dict:
 
 
 def add_training_arguments(
-    parser: argparse.ArgumentParser, *, output_dir: str, batch_size: int, learning_rate: float, max_steps: int
+    parser: argparse.ArgumentParser,
+    *,
+    output_dir: str,
+    batch_size: int,
+    learning_rate: float,
+    max_steps: int,
+    max_eval_samples: int = 256,
 ) -> None:
+    """The shared training flags. `output_dir` names the default run folder and may hold `{settings}`, filled in
+    from the run's settings by `parse_checked(..., run_name=...)`, so runs with other settings never share a folder."""
     group = parser.add_argument_group("training")
     group.add_argument(
         "--output-dir",
-        default=output_dir,
-        help=f"checkpoints and the final model (default: {output_dir}): a new or empty folder, or an earlier run's; "
-        "a folder holding other files is refused",
+        default=None,
+        help=f"checkpoints and the final model (default: {output_dir}, named after the run's settings): a new or "
+        "empty folder; an earlier run's folder needs --overwrite-output-dir (or --resume); a folder holding other "
+        "files is refused",
     )
-    group.add_argument("--max-steps", type=checks.positive_int, default=max_steps,
-                       help=f"optimizer steps (default: {max_steps})")  # fmt: skip
+    parser.set_defaults(output_dir_pattern=output_dir)
+    group.add_argument("--overwrite-output-dir", action="store_true",
+                       help="write into --output-dir even if it holds an earlier run of this recipe (its "
+                       "checkpoints and results are replaced); files of other programs are still refused")  # fmt: skip
+    group.add_argument("--max-steps", type=checks.positive_int, default=max_steps, help="optimizer steps")
     group.add_argument("--max-train-samples", type=checks.positive_int,
                        help="use only this many training examples (blocks/images)")  # fmt: skip
-    group.add_argument("--max-eval-samples", type=checks.positive_int, default=256,
-                       help="evaluate on at most this many (default: 256)")  # fmt: skip
-    group.add_argument("--batch-size", type=checks.positive_int, default=batch_size,
-                       help=f"per device (default: {batch_size})")  # fmt: skip
+    group.add_argument("--max-eval-samples", type=checks.positive_int, default=max_eval_samples,
+                       help="evaluate on at most this many blocks/images")  # fmt: skip
+    group.add_argument("--batch-size", type=checks.positive_int, default=batch_size, help="per device")
     group.add_argument("--gradient-accumulation-steps", type=checks.positive_int, default=1)
-    group.add_argument("--learning-rate", type=checks.positive_float, default=learning_rate,
-                       help=f"peak (default: {learning_rate})")  # fmt: skip
+    group.add_argument("--learning-rate", type=checks.positive_float, default=learning_rate, help="peak")
     group.add_argument("--weight-decay", type=checks.non_negative_float, default=0.01)
     group.add_argument("--warmup-steps", type=checks.non_negative_int, default=None,
                        help="linear warm-up (default: 5%% of max steps)")  # fmt: skip
     group.add_argument("--logging-steps", type=checks.positive_int, default=10)
     group.add_argument("--eval-steps", type=checks.positive_int, default=None,
-                       help="evaluate every N steps (default: 4 times a run)")  # fmt: skip
+                       help=f"evaluate every N steps (default: 4 times a run; a run under {QUICK_RUN_STEPS} steps "
+                       "evaluates once, at the end)")  # fmt: skip
     group.add_argument("--save-steps", type=checks.positive_int, default=None,
-                       help="checkpoint every N steps (default: = eval steps)")  # fmt: skip
+                       help="checkpoint every N steps (default: = eval steps; at the end for a quick run)")  # fmt: skip
     group.add_argument("--save-total-limit", type=checks.positive_int, default=2,
                        help="keep at most this many checkpoints")  # fmt: skip
     group.add_argument("--seed", type=int, default=0)
@@ -105,19 +116,67 @@ def add_training_arguments(
         "out takes the checkpoint's value, and one given with a different value is refused, naming every such flag",
     )
     group.add_argument("--num-threads", type=checks.positive_int, help="torch CPU threads (default: torch's choice)")
+    group.add_argument("--report-to", default="none",
+                       help="experiment trackers, as transformers' `report_to`: none, all, or a comma-separated "
+                       "list (tensorboard, wandb, trackio, ...)")  # fmt: skip
+    group.add_argument("--push-to-hub", action="store_true",
+                       help="upload the final model to the Hub with damcha_hf.hub.push_checkpoint (weights, config, "
+                       "code, tokenizer/processor, card, images; never the optimizer or trainer state); needs a "
+                       "token (HF_TOKEN or `hf auth login`), checked before training")  # fmt: skip
+    group.add_argument("--hub-model-id", help="the Hub repository for --push-to-hub (default: the --output-dir name)")
+    group.add_argument("--hub-private-repo", action="store_true", help="create the --push-to-hub repository private")
     group.add_argument("--debug", action="store_true", help="on an error, show the traceback, not one line")
 
 
-def parse_checked(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+# A run with fewer steps is a smoke test: one evaluation and one checkpoint, at the end.
+QUICK_RUN_STEPS = 100
+
+
+def run_folder_name(*parts) -> str:
+    """A folder name from the settings that distinguish a run (`damcha_gpt2-stdlib-byte`): a local path counts by
+    its base name, and characters other than letters, digits, `.`, `_` and `-` become `_`."""
+    names = []
+    for part in parts:
+        if part is None or part == "":
+            continue
+        text = str(part)
+        if os.sep in text or os.path.exists(text):
+            text = os.path.splitext(os.path.basename(os.path.normpath(text)))[0] or "data"
+        names.append("".join(char if char.isalnum() or char in "._-" else "_" for char in text))
+    return "-".join(names)
+
+
+def parse_checked(parser: argparse.ArgumentParser, argv=None, *, run_name=None) -> argparse.Namespace:
     """`parser.parse_args`, then the checks that need several arguments or the disk, as argparse errors (one line,
-    exit code 2): --output-dir may be written (`safe_files.check_run_folder`), and `args.explicit` records the flags
-    given on the command line (for `check_resume_settings`)."""
+    exit code 2): the default --output-dir is named after the settings (`run_name(args)`), --output-dir may be
+    written (`safe_files.check_run_folder`; an earlier run's folder only with --overwrite-output-dir or --resume),
+    and `args.explicit` records the flags given on the command line (for `check_resume_settings`)."""
     args = parser.parse_args(argv)
     args.explicit = explicit_destinations(parser, argv)
+    if args.output_dir is None:
+        args.output_dir = args.output_dir_pattern.format(settings=run_name(args) if run_name else "run")
     if getattr(args, "resume", None) not in (None, "latest") and not os.path.isdir(args.resume):
         parser.error(f"--resume {args.resume}: no such checkpoint folder")
     checks.check_output(parser, safe_files.check_run_folder, args.output_dir, argument="--output-dir",
                         written=RUN_FOLDER_ENTRIES, checkpoints=RUN_FOLDER_CHECKPOINTS)  # fmt: skip
+    if (
+        not args.resume
+        and not args.overwrite_output_dir
+        and os.path.isdir(args.output_dir)
+        and any(os.scandir(args.output_dir))
+    ):
+        parser.error(
+            f"--output-dir {args.output_dir} holds an earlier run (its checkpoints and results would be replaced); "
+            "pass --overwrite-output-dir to replace them, --resume to continue that run, or choose another "
+            "--output-dir"
+        )
+    if args.push_to_hub:
+        offline = [name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+                   if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")]  # fmt: skip
+        if offline:
+            parser.error(f"--push-to-hub: the Hub is in offline mode ({offline[0]}=1); unset it on a machine with "
+                         "network access, or train without --push-to-hub and run `damcha-hf push` later")  # fmt: skip
+        args.hub_model_id = args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))
     return args
 
 
@@ -184,6 +243,19 @@ def run_recipe(main) -> None:
     sys.exit(cli.run_guarded(os.path.basename(sys.argv[0]), run, debug=cli.debug_requested()))
 
 
+def evaluation_schedule(args: argparse.Namespace) -> tuple[int | None, int]:
+    """(evaluate every N steps or None, checkpoint every N steps). Four evaluations a run by default; a quick run
+    (under QUICK_RUN_STEPS steps, e.g. `--max-steps 5`) evaluates and saves only at the end, so a smoke test is not
+    dominated by evaluation. --eval-steps / --save-steps override."""
+    if args.eval_steps:
+        eval_steps = args.eval_steps
+    elif args.max_steps < QUICK_RUN_STEPS:
+        eval_steps = None
+    else:
+        eval_steps = max(1, args.max_steps // 4)
+    return eval_steps, args.save_steps or eval_steps or args.max_steps
+
+
 def training_arguments(args: argparse.Namespace, **overrides):
     """`TrainingArguments` from the shared options."""
     import torch
@@ -191,7 +263,7 @@ def training_arguments(args: argparse.Namespace, **overrides):
 
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
-    eval_steps = args.eval_steps or max(1, args.max_steps // 4)
+    eval_steps, save_steps = evaluation_schedule(args)
     kwargs = {
         "output_dir": args.output_dir,
         "max_steps": args.max_steps,
@@ -203,20 +275,38 @@ def training_arguments(args: argparse.Namespace, **overrides):
         "warmup_steps": args.warmup_steps if args.warmup_steps is not None else max(1, args.max_steps // 20),
         "lr_scheduler_type": "cosine",
         "logging_steps": args.logging_steps,
-        "eval_strategy": "steps",
+        "eval_strategy": "steps" if eval_steps else "no",  # the recipes evaluate once more after training
         "eval_steps": eval_steps,
         "save_strategy": "steps",
-        "save_steps": args.save_steps or eval_steps,
+        "save_steps": save_steps,
         "save_total_limit": args.save_total_limit,
         "seed": args.seed,
         "data_seed": args.seed,
         "bf16": args.bf16,
-        "report_to": "none",
+        "report_to": args.report_to,
         "dataloader_num_workers": 0,
         "use_cpu": not torch.cuda.is_available(),
     }
     kwargs.update(overrides)
     return TrainingArguments(**kwargs)
+
+
+def check_push(args: argparse.Namespace) -> None:
+    """With --push-to-hub, fail before any training when no token is at hand (`damcha_hf.hub.check_can_push`)."""
+    if args.push_to_hub:
+        from damcha_hf.hub import check_can_push
+
+        check_can_push(None)
+
+
+def push_final_model(args: argparse.Namespace, folder: str) -> None:
+    """--push-to-hub: upload the saved final checkpoint through the plugin's safe push (only the checkpoint's own
+    files; never optimizer or trainer state)."""
+    if args.push_to_hub:
+        from damcha_hf.hub import push_checkpoint
+
+        url = push_checkpoint(folder, args.hub_model_id, private=args.hub_private_repo)
+        print(f"pushed {folder} to {args.hub_model_id}: {url}")
 
 
 def resolve_resume(resume: str | None, output_dir: str, marker: str = "trainer_state.json") -> str | None:
@@ -297,6 +387,22 @@ def gpt2_config(args: argparse.Namespace, vocab_size: int, tokenizer=None):
     return config
 
 
+def language_model_run_name(args: argparse.Namespace) -> str:
+    """The default run folder of a language-model recipe: model type, variant and metric context when given, data,
+    tokenizer (e.g. `damcha_gpt2-stdlib-byte`, `damcha_gpt2-gcide-bpe`)."""
+    model_type = {"damcha": "damcha_gpt2"}.get(args.model_type, args.model_type)
+    return run_folder_name(model_type, args.cross_head_variant, args.metric_context, args.data, args.tokenizer)
+
+
+def use_causal_lm_loss(model):
+    """Name the model's loss explicitly: transformers picks it from the class name, finds none in `...LMHeadModel`
+    (stock GPT-2 too), warns "`loss_type=None` was set in the config but it is unrecognized" and uses the causal-LM
+    loss anyway. Returns `model`."""
+    if getattr(model, "loss_type", "") is None:
+        model.loss_type = "ForCausalLM"
+    return model
+
+
 def add_gpt2_size_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model (new models)")
     group.add_argument("--model-type", choices=LANGUAGE_MODEL_TYPES, default="damcha",
@@ -352,21 +458,54 @@ def build_tokenizer(args: argparse.Namespace, corpus):
     if args.tokenizer == "byte":
         return byte_level_tokenizer()
     if args.tokenizer == "bpe":
+        size = sum(len(text) for text in corpus["train"]["text"])
+        print(f"training a byte-level BPE tokenizer ({args.bpe_vocab_size} tokens) on {size / 1e6:.1f} M characters "
+              "of training text with `tokenizers`...", flush=True)  # fmt: skip
         return train_bpe_tokenizer(corpus["train"]["text"], args.bpe_vocab_size)
     if os.path.isdir(args.tokenizer):
         return AutoTokenizer.from_pretrained(args.tokenizer)
     raise ValueError(f"--tokenizer {args.tokenizer!r}: use 'byte', 'bpe' or an existing tokenizer folder.")
 
 
+# Bytes per token assumed when sizing the text a run reads: exact for the byte-level tokenizer, generous for BPE.
+BYTES_PER_TOKEN = {"byte": 1}
+BPE_BYTES_PER_TOKEN = 4
+
+
+def data_bytes_needed(args: argparse.Namespace) -> int:
+    """About how many bytes of text a run needs: twice the training tokens of --max-steps (or --max-train-samples)
+    and twice the validation tokens of --max-eval-samples (the validation split gets --validation-fraction of it),
+    so that a quick run does not read and tokenise a whole corpus."""
+    bytes_per_token = BYTES_PER_TOKEN.get(args.tokenizer, BPE_BYTES_PER_TOKEN)
+    blocks = args.max_steps * args.batch_size * args.gradient_accumulation_steps
+    if args.max_train_samples is not None:
+        blocks = min(blocks, args.max_train_samples)
+    block_bytes = args.block_size * bytes_per_token
+    train = 2 * blocks * block_bytes / (1 - args.validation_fraction)
+    validation = 2 * args.max_eval_samples * block_bytes / args.validation_fraction if args.validation_fraction else 0
+    return int(max(train, validation, 1 << 16))
+
+
+def load_language_model_corpus(args: argparse.Namespace):
+    """The text corpus of a language-model recipe: all of --max-data-bytes when given, else only about what the run
+    needs (`data_bytes_needed`), said in one line."""
+    from damcha_hf.data import load_text_corpus
+
+    max_bytes = args.max_data_bytes
+    if max_bytes is None:
+        max_bytes = data_bytes_needed(args)
+        print(f"reading about {max_bytes / 1e6:.1f} MB of --data {args.data} (what {args.max_steps} steps and "
+              f"{args.max_eval_samples} validation blocks need; --max-data-bytes sets it)", flush=True)  # fmt: skip
+    return load_text_corpus(args.data, validation_fraction=args.validation_fraction, seed=args.seed,
+                            max_bytes=max_bytes, pattern=args.file_pattern)  # fmt: skip
+
+
 def language_model_data(args: argparse.Namespace, tokenizer, corpus=None):
     """(train blocks, validation blocks) from the data options."""
-    from damcha_hf.data import group_into_blocks, load_text_corpus
+    from damcha_hf.data import group_into_blocks
 
     if corpus is None:
-        corpus = load_text_corpus(
-            args.data, validation_fraction=args.validation_fraction, seed=args.seed, max_bytes=args.max_data_bytes,
-            pattern=args.file_pattern,
-        )  # fmt: skip
+        corpus = load_language_model_corpus(args)
     # One document per row for folders and 'stdlib'; lines of one text otherwise.
     separate_documents = args.data == "stdlib" or os.path.isdir(str(args.data))
     blocks = group_into_blocks(corpus, tokenizer, args.block_size, separate_documents=separate_documents)

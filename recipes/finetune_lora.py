@@ -49,8 +49,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     data.add_argument("--image-size", type=common.checks.positive_int, help="ViT: default the base model's image size")
     data.add_argument("--no-augment", action="store_true")
     common.add_metric_arguments(parser)
-    common.add_training_arguments(parser, output_dir="runs/lora", batch_size=16, learning_rate=1e-3, max_steps=500)
-    args = common.parse_checked(parser, argv)
+    common.add_training_arguments(parser, output_dir="runs/lora-{settings}", batch_size=16, learning_rate=1e-3,
+                                  max_steps=500)  # fmt: skip
+    args = common.parse_checked(parser, argv, run_name=lambda args: common.run_folder_name(
+        args.base, args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
     if not os.path.isfile(os.path.join(args.base, "config.json")):
         parser.error(f"--base {args.base}: not a checkpoint folder (no config.json)")
     args.tokenizer = "byte"
@@ -110,6 +112,7 @@ def main(argv=None) -> dict:
     if resume:
         common.check_resume_settings(args, resume, LORA_RESUME_FLAGS, common.saved_model_config(resume))
     datasets = common.card_datasets(args.data) if args.data else None  # settled before training
+    common.check_push(args)
 
     from peft import LoraConfig, get_peft_model
     from transformers import DataCollatorForLanguageModeling, Trainer, set_seed
@@ -123,15 +126,12 @@ def main(argv=None) -> dict:
     if not family.vision:
         from transformers import AutoTokenizer
 
-        from damcha_hf.data import load_text_corpus
-
         args.data = args.data or "stdlib"
         datasets = datasets or common.card_datasets(args.data)
         has_tokenizer = os.path.isfile(os.path.join(args.base, "tokenizer.json")) or os.path.isfile(
             os.path.join(args.base, "vocab.json")
         )
-        corpus = load_text_corpus(args.data, validation_fraction=args.validation_fraction, seed=args.seed,
-                                  max_bytes=args.max_data_bytes, pattern=args.file_pattern)  # fmt: skip
+        corpus = common.load_language_model_corpus(args)
         tokenizer = AutoTokenizer.from_pretrained(args.base) if has_tokenizer else common.build_tokenizer(args, corpus)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Pretrain a DAMCHA GPT-2 with the transformers `Trainer` on local text, reporting bits per byte.
 
-    python recipes/train_gpt2.py --data corpus.txt --output-dir runs/gpt2        # byte-level (default)
+    python recipes/train_gpt2.py --data corpus.txt                                # byte-level, runs/damcha_gpt2-corpus-byte
     python recipes/train_gpt2.py --data stdlib --tokenizer bpe --max-steps 2000   # BPE trained on the corpus
     python recipes/train_gpt2.py --data gcide --metric-context query --attn eager
     python recipes/train_gpt2.py --output-dir runs/gpt2 --resume                  # continue the latest checkpoint
@@ -30,8 +30,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_gpt2_size_arguments(parser)
     parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model")
     common.add_metric_arguments(parser)
-    common.add_training_arguments(parser, output_dir="runs/gpt2", batch_size=16, learning_rate=2e-3, max_steps=1000)
-    args = common.parse_checked(parser, argv)
+    common.add_training_arguments(parser, output_dir="runs/{settings}", batch_size=16, learning_rate=2e-3,
+                                  max_steps=1000)  # fmt: skip
+    args = common.parse_checked(parser, argv, run_name=common.language_model_run_name)
     if not args.init_from:
         common.checks.check_heads_divide_width(parser, args.n_embd, args.n_head, width_flag="--n-embd",
                                                heads_flag="--n-head")  # fmt: skip
@@ -56,6 +57,7 @@ def build_model(args, tokenizer):
     else:
         model = AutoModelForCausalLM.from_config(common.gpt2_config(args, len(tokenizer), tokenizer))
     check_tokenizer_matches_model(tokenizer, model.config)
+    common.use_causal_lm_loss(model)
     if model.config.max_position_embeddings < args.block_size:
         raise ValueError(
             f"--block-size {args.block_size} exceeds the model's context length (`max_position_embeddings`, "
@@ -71,6 +73,7 @@ def main(argv=None) -> dict:
         saved = common.saved_model_config(resume)
         common.check_resume_settings(args, resume, common.language_model_flags(saved), saved)
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
+    common.check_push(args)
 
     import torch
     from transformers import DataCollatorForLanguageModeling, Trainer, set_seed
@@ -80,12 +83,7 @@ def main(argv=None) -> dict:
     set_seed(args.seed)
     if resume and os.path.isfile(os.path.join(resume, "tokenizer.json")):
         args.tokenizer = resume  # the Trainer saved the tokenizer with the checkpoint: a retrained BPE could differ
-    from damcha_hf.data import load_text_corpus
-
-    corpus = load_text_corpus(
-        args.data, validation_fraction=args.validation_fraction, seed=args.seed, max_bytes=args.max_data_bytes,
-        pattern=args.file_pattern,
-    )  # fmt: skip
+    corpus = common.load_language_model_corpus(args)
     tokenizer = common.build_tokenizer(args, corpus)
     train, validation = common.language_model_data(args, tokenizer, corpus)
     model = build_model(args, tokenizer)
@@ -118,6 +116,7 @@ def main(argv=None) -> dict:
     )
     common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
     print(f"saved to {final}")
+    common.push_final_model(args, final)
     return metrics
 
 

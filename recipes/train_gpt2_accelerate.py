@@ -44,9 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_gpt2_size_arguments(parser)
     common.add_metric_arguments(parser)
     common.add_training_arguments(
-        parser, output_dir="runs/gpt2-accelerate", batch_size=16, learning_rate=2e-3, max_steps=1000
+        parser, output_dir="runs/accelerate-{settings}", batch_size=16, learning_rate=2e-3, max_steps=1000
     )
-    args = common.parse_checked(parser, argv)
+    args = common.parse_checked(parser, argv, run_name=common.language_model_run_name)
     common.checks.check_heads_divide_width(parser, args.n_embd, args.n_head, width_flag="--n-embd",
                                            heads_flag="--n-head")  # fmt: skip
     return args
@@ -98,6 +98,7 @@ def main(argv=None) -> dict:
     if resume:
         common.check_resume_settings(args, resume, common.GPT2_MODEL_FLAGS, common.saved_model_config(resume))
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
+    common.check_push(args)
 
     import torch
     from accelerate import Accelerator
@@ -105,7 +106,7 @@ def main(argv=None) -> dict:
     from torch.utils.data import DataLoader
     from transformers import AutoModelForCausalLM, default_data_collator, get_scheduler
 
-    from damcha_hf.data import check_tokenizer_matches_model, load_text_corpus, token_byte_lengths
+    from damcha_hf.data import check_tokenizer_matches_model, token_byte_lengths
 
     accelerator = Accelerator(
         # Without a GPU, run on CPU: several processes then join over gloo (multi-CPU DDP).
@@ -122,16 +123,14 @@ def main(argv=None) -> dict:
 
     # The main process tokenises first and fills the datasets cache; the others then read it.
     with accelerator.main_process_first():
-        corpus = load_text_corpus(
-            args.data, validation_fraction=args.validation_fraction, seed=args.seed, max_bytes=args.max_data_bytes,
-            pattern=args.file_pattern,
-        )  # fmt: skip
+        corpus = common.load_language_model_corpus(args)
         tokenizer = common.build_tokenizer(args, corpus)
         train, validation = common.language_model_data(args, tokenizer, corpus)
     train, validation = train.with_format("torch"), validation.with_format("torch")
 
     model = AutoModelForCausalLM.from_config(common.gpt2_config(args, len(tokenizer), tokenizer))
     check_tokenizer_matches_model(tokenizer, model.config)
+    common.use_causal_lm_loss(model)
     accelerator.print(f"{type(model).__name__}: {model.num_parameters():,} parameters; {len(train)} training blocks; "
                       f"{accelerator.num_processes} process(es)")  # fmt: skip
 
@@ -163,8 +162,7 @@ def main(argv=None) -> dict:
         step, log_history = saved["step"], saved["log_history"]
         accelerator.print(f"resumed from {resume} at step {step}")
 
-    eval_steps = args.eval_steps or max(1, args.max_steps // 4)
-    save_steps = args.save_steps or eval_steps
+    eval_steps, save_steps = common.evaluation_schedule(args)  # a quick run evaluates and saves at the end only
     steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     model.train()
     running_loss, running_count = 0.0, 0
@@ -195,7 +193,7 @@ def main(argv=None) -> dict:
                 log_history.append(entry)
                 accelerator.print(entry)
                 running_loss, running_count = 0.0, 0
-            if step % eval_steps == 0 or step == args.max_steps:
+            if (eval_steps and step % eval_steps == 0) or step == args.max_steps:
                 entry = {"step": step, **evaluate(model, eval_loader, accelerator, byte_lengths)}
                 log_history.append(entry)
                 accelerator.print(entry)

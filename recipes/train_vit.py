@@ -4,7 +4,7 @@
     python recipes/train_vit.py                                     # Fashion-MNIST idx files, 28x28, patch 4
     python recipes/train_vit.py --data path/to/images --image-size 64 --patch-size 8
     python recipes/train_vit.py --metric-context token --attn eager --max-steps 200
-    python recipes/train_vit.py --output-dir runs/vit --resume      # continue the latest checkpoint
+    python recipes/train_vit.py --resume                            # continue the latest checkpoint of runs/vit-fashion-mnist
 
 An image folder is laid out as `<folder>/<label>/<image>` (or with `train/` and `validation/` inside). Images go
 through `ViTImageProcessor` and, for training, a random reflect-padded crop and a left-right flip (torch ops). The
@@ -39,9 +39,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--dropout", type=common.checks.probability, default=0.0)
     parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model")
     common.add_metric_arguments(parser)
-    common.add_training_arguments(parser, output_dir="runs/vit", batch_size=64, learning_rate=1e-3, max_steps=2000)
-    parser.set_defaults(max_eval_samples=2000)
-    args = common.parse_checked(parser, argv)
+    common.add_training_arguments(parser, output_dir="runs/vit-{settings}", batch_size=64, learning_rate=1e-3,
+                                  max_steps=2000, max_eval_samples=2000)  # fmt: skip
+    args = common.parse_checked(parser, argv, run_name=lambda args: common.run_folder_name(
+        args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
     if not args.init_from:
         common.checks.check_heads_divide_width(parser, args.hidden_size, args.num_heads, width_flag="--hidden-size",
                                                heads_flag="--num-heads")  # fmt: skip
@@ -87,6 +88,7 @@ def main(argv=None) -> dict:
     if resume:
         common.check_resume_settings(args, resume, VIT_MODEL_FLAGS, common.saved_model_config(resume))
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
+    common.check_push(args)
 
     from transformers import AutoModelForImageClassification, Trainer, set_seed
 
@@ -127,6 +129,7 @@ def main(argv=None) -> dict:
                             log_history=trainer.state.log_history, **card)  # fmt: skip
     common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
     print(f"saved to {final}")
+    common.push_final_model(args, final)
     return metrics
 
 

@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import tiny_damcha_gpt2_config, tiny_damcha_vit_config
 
 import damcha_hf

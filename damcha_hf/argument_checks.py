@@ -11,6 +11,7 @@ torch, data loading or training.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 
 
@@ -24,6 +25,13 @@ class ArgumentParser(argparse.ArgumentParser):
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """The description as written (its example commands keep their lines) and each option's default in its help,
     as `ArgumentDefaultsHelpFormatter` shows it; options without a default (None) or flags (False) show none."""
+
+    def _format_action(self, action):
+        # argparse prints no help line for an option without help text: give it one that shows the default.
+        if action.help is None and action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            action = copy.copy(action)
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
 
     def _get_help_string(self, action):
         help_text = action.help or ""

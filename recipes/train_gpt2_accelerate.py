@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Pretrain a DAMCHA GPT-2 with a plain Accelerate loop: the same model, data and metrics as `train_gpt2.py`.
+r"""Pretrain a DAMCHA GPT-2 with a plain Accelerate loop: the same model, data and metrics as `train_gpt2.py`.
 
 One process:
     accelerate launch --config_file recipes/accelerate_configs/single_process.yaml \

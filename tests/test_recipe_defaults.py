@@ -1,0 +1,122 @@
+"""Defaults a newcomer relies on: runs never share or clobber a folder, a quick run stays quick (one evaluation, the
+text it needs), help shows every default, `info` names the saved class and never waits for the network."""
+
+import importlib.util
+import json
+import re
+import shlex
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tiny_damcha_gpt2_config
+
+import damcha_hf
+from damcha_hf.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = REPO / "recipes"
+TINY_GPT2_ARGS = ["--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--block-size", "32", "--batch-size", "4",
+                  "--metric-hidden-size", "8", "--logging-steps", "1", "--num-threads", "1"]  # fmt: skip
+
+
+def load_recipe(name: str):
+    spec = importlib.util.spec_from_file_location(f"defaults_recipe_{name}", RECIPES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    rng = np.random.default_rng(1)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+    path = tmp_path_factory.mktemp("defaults-corpus") / "corpus.txt"
+    path.write_text("".join(" ".join(rng.choice(words, 10)) + "\n" for _ in range(300)))
+    return str(path)
+
+
+def readme_commands(script: str) -> list[list[str]]:
+    """The arguments of every `python recipes/<script>` command in the README."""
+    commands = []
+    for line in (REPO / "README.md").read_text().splitlines():
+        if line.startswith(f"python recipes/{script}"):
+            words = shlex.split(line.split("#")[0])
+            commands.append(words[2:])
+    return commands
+
+
+def test_readme_train_gpt2_commands_get_distinct_output_folders(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    commands = readme_commands("train_gpt2.py")
+    assert len(commands) >= 2
+    recipe = load_recipe("train_gpt2")
+    folders = [Path(recipe.parse_args(arguments).output_dir).resolve() for arguments in commands]
+    assert len(set(folders)) == len(folders), folders
+    assert all(tmp_path / "runs" in folder.parents for folder in folders)
+
+
+def test_an_earlier_run_is_not_replaced_without_overwrite_output_dir(tmp_path, capsys):
+    recipe = load_recipe("train_gpt2")
+    run = tmp_path / "run"
+    (run / "checkpoint-5").mkdir(parents=True)
+    (run / "eval_results.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.parse_args(["--output-dir", str(run)])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "--overwrite-output-dir" in error and "--resume" in error and len(error.strip().splitlines()) == 1
+    assert recipe.parse_args(["--output-dir", str(run), "--overwrite-output-dir"]).output_dir == str(run)
+    assert recipe.parse_args(["--output-dir", str(run), "--resume"]).resume == "latest"
+    assert (run / "eval_results.json").read_text() == "{}"
+
+
+def test_a_quick_run_evaluates_and_saves_once_at_the_end_and_reads_only_what_it_needs(tmp_path, corpus, capsys):
+    recipe = load_recipe("train_gpt2")
+    output = tmp_path / "quick"
+    recipe.main(["--data", corpus, *TINY_GPT2_ARGS, "--max-steps", "5", "--output-dir", str(output)])
+    assert sorted(path.name for path in output.iterdir() if path.name.startswith("checkpoint-")) == ["checkpoint-5"]
+    log = json.loads((output / "checkpoint-5" / "trainer_state.json").read_text())["log_history"]
+    assert [entry for entry in log if "eval_loss" in entry] == []  # no evaluation during 5 steps
+    assert json.loads((output / "eval_results.json").read_text())["eval_loss"] > 0  # one, after training
+    printed = capsys.readouterr().out
+    assert "reading about" in printed and "--max-data-bytes" in printed
+
+    # The data read is sized by the run: 5 steps of 4 blocks of 32 bytes need far less than 2,000 steps.
+    common = recipe.common
+    quick = common.data_bytes_needed(recipe.parse_args(["--max-steps", "5", "--output-dir", str(tmp_path / "a")]))
+    long = common.data_bytes_needed(recipe.parse_args(["--max-steps", "20000", "--output-dir", str(tmp_path / "b")]))
+    assert quick < long / 10
+
+
+@pytest.mark.parametrize("name", ["train_gpt2", "train_gpt2_accelerate", "train_vit", "finetune_lora"])
+def test_help_shows_the_real_defaults(name, capsys):
+    with pytest.raises(SystemExit):
+        load_recipe(name).parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 0.01)" in text  # --weight-decay, whose help says nothing else
+    assert "--cross-head-variant {damcha,talking_heads,dcmha,none}" in text
+    eval_default = 2000 if name == "train_vit" else 256
+    assert re.search(rf"--max-eval-samples MAX_EVAL_SAMPLES [^-]*\(default: {eval_default}\)", text), text
+    assert "(default: None)" not in text
+
+
+def test_accelerate_docstring_keeps_each_example_on_its_line():
+    """A backslash at the end of an example line continues the shell command; in a plain docstring Python would join
+    the two lines (`single_process.yaml         recipes/...`)."""
+    recipe = load_recipe("train_gpt2_accelerate")
+    assert "single_process.yaml \\\n        recipes/train_gpt2_accelerate.py" in recipe.__doc__
+
+
+def test_info_names_the_saved_class_and_never_waits_for_the_network(tmp_path, capsys):
+    folder = tmp_path / "lm"
+    damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config()).save_pretrained(folder)
+    assert cli_main(["info", str(folder)]) == 0
+    assert "DamchaGPT2LMHeadModel" in capsys.readouterr().out
+
+    started = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["info", "gpt2"])
+    assert exit_info.value.code == 2 and time.perf_counter() - started < 30  # no network wait
+    assert "offline" in capsys.readouterr().err

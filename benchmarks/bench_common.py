@@ -16,11 +16,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, ViTConfig, ViTForImageClassification
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    ViTConfig,
+    ViTForImageClassification,
+)
 
 import damcha_hf
 
 GPT2_CONTEXTS = ("token", "query")  # "sequence" is refused by causal models (it would leak future tokens)
+LLAMA_CONTEXTS = ("token", "query")
 VIT_CONTEXTS = ("sequence", "token", "query")
 
 
@@ -67,6 +75,31 @@ def gpt2_config_kwargs(layers: int, width: int, heads: int, positions: int, voca
         "attn_pdrop": dropout,
         "bos_token_id": 0,
         "eos_token_id": 0,
+        "pad_token_id": 0,
+    }
+
+
+def llama_config_kwargs(
+    layers: int,
+    positions: int,
+    vocab: int = 32000,
+    width: int = 2048,
+    heads: int = 32,
+    kv_heads: int = 4,
+    intermediate: int = 5632,
+) -> dict:
+    """A Llama config; the defaults are TinyLlama-1.1B's widths (32 query heads sharing 4 key/value heads)."""
+    return {
+        "vocab_size": vocab,
+        "max_position_embeddings": positions,
+        "hidden_size": width,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-5,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
         "pad_token_id": 0,
     }
 
@@ -148,6 +181,34 @@ def gpt2_rows(
     if variants:
         rows += _variant_rows(cross_head_variants(damcha_hf.DamchaGPT2Config), mha, damcha, "token")
     return rows
+
+
+def llama_rows(
+    config_kwargs: dict,
+    *,
+    contexts=LLAMA_CONTEXTS,
+    metric_hidden_size: int = 64,
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+) -> list[Row]:
+    """MHA (stock `LlamaForCausalLM`, grouped-query when `num_key_value_heads` < heads) and DAMCHA per context,
+    converted from the same stock weights (`convert_to_damcha`: every weight kept, generator at zero)."""
+
+    def mha(implementation=attn_implementation):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(LlamaConfig(**config_kwargs, attn_implementation=implementation)).train()
+
+    def damcha(**options):
+        def build():
+            reference = mha()
+            torch.manual_seed(seed + 1)
+            return damcha_hf.convert_to_damcha(reference, metric_hidden_size=metric_hidden_size, **options).train()
+
+        return build
+
+    return [Row("MHA", mha, "mha")] + [
+        Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts
+    ]
 
 
 def _parameter_matched_gpt2(config_kwargs: dict, metric_hidden_size: int, seed: int):

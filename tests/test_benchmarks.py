@@ -9,6 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import LlamaForCausalLM
+
+import damcha_hf
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 sys.path.insert(0, BENCHMARKS)
@@ -81,6 +84,20 @@ def test_rows_of_a_seed_start_from_the_same_function():
     # a different seed is a different starting point
     other_seed = bench_common.gpt2_rows(kwargs, metric_hidden_size=8, seed=4, variants=False)[0].build().eval()
     assert not torch.allclose(other_seed(input_ids=ids).logits, logits[0])
+
+
+def test_grouped_query_llama_rows_start_from_the_same_function():
+    kwargs = bench_common.llama_config_kwargs(2, 16, vocab=50, width=32, heads=8, kv_heads=2, intermediate=64)
+    rows = bench_common.llama_rows(kwargs, metric_hidden_size=8, seed=3)
+    assert [row.name for row in rows] == ["MHA", "DAMCHA token", "DAMCHA query"]
+    models = [row.build() for row in rows]
+    assert type(models[0]) is LlamaForCausalLM and models[0].config.num_key_value_heads == 2
+    assert all(type(model) is damcha_hf.DamchaLlamaForCausalLM for model in models[1:])
+    ids = torch.randint(0, 50, (2, 16))
+    with torch.no_grad():
+        logits = [model.eval()(input_ids=ids).logits for model in models]
+    for other in logits[1:]:
+        torch.testing.assert_close(other, logits[0], rtol=1e-5, atol=1e-5)
 
 
 def test_mean_metric_per_layer_is_the_generators_output():

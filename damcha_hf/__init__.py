@@ -5,9 +5,11 @@
 them for remote code so that `save_pretrained` writes an `auto_map` and copies the model files next to the weights.
 
 Public API:
-    DamchaGPT2Config, DamchaGPT2Model, DamchaGPT2LMHeadModel, DamchaGPT2ForSequenceClassification
+    DamchaGPT2Config, DamchaGPT2Model, DamchaGPT2LMHeadModel, DamchaGPT2ForSequenceClassification,
+        DamchaGPT2ForTokenClassification, DamchaGPT2ForQuestionAnswering, DamchaGPT2DoubleHeadsModel
     DamchaLlamaConfig, DamchaLlamaModel, DamchaLlamaForCausalLM, DamchaLlamaForSequenceClassification   (GQA too)
-    DamchaViTConfig, DamchaViTModel, DamchaViTForImageClassification   (DamchaViTConfig.vit_small_patch16_224())
+    DamchaViTConfig, DamchaViTModel, DamchaViTForImageClassification, DamchaViTForMaskedImageModeling
+        (DamchaViTConfig.vit_small_patch16_224())
     convert_to_damcha(model, **metric_options)   an in-memory GPT-2, Llama or ViT model -> its DAMCHA counterpart
     save_hub_checkpoint, build_model_card, push_checkpoint   Hub export (damcha_hf.hub); write_metric_map (the C heatmap)
 """
@@ -19,7 +21,10 @@ from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
 from .modeling.configuration_damcha_llama import DamchaLlamaConfig
 from .modeling.configuration_damcha_vit import DamchaViTConfig
 from .modeling.modeling_damcha_gpt2 import (
+    DamchaGPT2DoubleHeadsModel,
+    DamchaGPT2ForQuestionAnswering,
     DamchaGPT2ForSequenceClassification,
+    DamchaGPT2ForTokenClassification,
     DamchaGPT2LMHeadModel,
     DamchaGPT2Model,
 )
@@ -28,7 +33,11 @@ from .modeling.modeling_damcha_llama import (
     DamchaLlamaForSequenceClassification,
     DamchaLlamaModel,
 )
-from .modeling.modeling_damcha_vit import DamchaViTForImageClassification, DamchaViTModel
+from .modeling.modeling_damcha_vit import (
+    DamchaViTForImageClassification,
+    DamchaViTForMaskedImageModeling,
+    DamchaViTModel,
+)
 from .registration import register_auto_classes
 
 register_auto_classes()
@@ -40,6 +49,9 @@ __all__ = [
     "DamchaGPT2Model",
     "DamchaGPT2LMHeadModel",
     "DamchaGPT2ForSequenceClassification",
+    "DamchaGPT2ForTokenClassification",
+    "DamchaGPT2ForQuestionAnswering",
+    "DamchaGPT2DoubleHeadsModel",
     "DamchaLlamaConfig",
     "DamchaLlamaModel",
     "DamchaLlamaForCausalLM",
@@ -47,6 +59,7 @@ __all__ = [
     "DamchaViTConfig",
     "DamchaViTModel",
     "DamchaViTForImageClassification",
+    "DamchaViTForMaskedImageModeling",
     "convert_to_damcha",
     "save_hub_checkpoint",
     "build_model_card",

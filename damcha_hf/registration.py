@@ -7,7 +7,10 @@ from .families import FAMILIES
 
 # (config class, [(auto class, model class), ...]) for every DAMCHA architecture, as the Hub export reads it.
 AUTO_CLASS_TABLE = [
-    (family.config_class, [(getattr(transformers, head.auto_class), head.model_class) for head in family.heads])
+    (
+        family.config_class,
+        [(getattr(transformers, head.auto_class), head.model_class) for head in family.heads if head.auto_class],
+    )
     for family in FAMILIES
 ]
 

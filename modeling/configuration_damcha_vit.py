@@ -22,10 +22,16 @@ class DamchaViTConfig(ViTConfig):
     r"""
     Configuration of a [`DamchaViTModel`]: every field of [`ViTConfig`] plus the DAMCHA metric fields below. Any ViT
     `config.json` loads into it, with the metric fields at their defaults. `metric_context` defaults to `"sequence"`:
-    one cross-head matrix `C` per image, from the mean normalised hidden state over all its tokens (the patches and
-    the CLS token; ViT has no padding). `"token"` and `"query"` work too, bidirectionally.
+    one cross-head matrix `C` per image, from the mean normalised hidden state over its tokens (the patches and the
+    CLS token; with an `attention_mask`, over the tokens it keeps, so padding leaves `C` unchanged). `"token"` and
+    `"query"` work too, bidirectionally.
 
-    `image_size` must be a multiple of `patch_size` (per side, when either is a pair).
+    Stricter than [`ViTConfig`], deliberately: `num_attention_heads` must divide `hidden_size` (stock ViT accepts
+    e.g. `hidden_size=32` with its default 12 heads and then runs 16 heads of width 2, whatever the config says, since
+    its attention reshapes by `hidden_size // num_attention_heads`), because `C` is `num_attention_heads` x
+    `num_attention_heads` and mixes exactly that many heads; the error names the nearest head counts that divide. And
+    `image_size` must be a multiple of `patch_size` (per side, when either is a pair), where stock ViT silently drops
+    the last pixels.
 
     Presets: [`DamchaViTConfig.vit_small_patch16_224`] (ViT-S/16, the shape the paper trains on ImageNet-1K).
     """

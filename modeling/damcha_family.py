@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 class DamchaHead:
     """One DAMCHA model class of a family, the Auto class it registers with and the stock class it converts from."""
 
-    auto_class: str  # the transformers Auto class, by name: "AutoModel", "AutoModelForCausalLM", ...
+    # The transformers Auto class, by name: "AutoModel", "AutoModelForCausalLM", ...; None for a head that no Auto class
+    # maps to in transformers either (GPT2DoubleHeadsModel): it loads by its own class's `from_pretrained`.
+    auto_class: str | None
     model_class: type  # the DAMCHA class, e.g. DamchaLlamaForCausalLM
     stock_class: type  # the transformers class whose checkpoints (and in-memory models) convert to it exactly
     pipeline_tag: str | None = None  # the Hub card's pipeline tag of a checkpoint of this head (None: base model)

@@ -18,10 +18,14 @@ from transformers.cache_utils import Cache
 from transformers.models.gpt2.modeling_gpt2 import (
     GPT2Attention,
     GPT2Block,
+    GPT2DoubleHeadsModel,
+    GPT2ForQuestionAnswering,
     GPT2ForSequenceClassification,
+    GPT2ForTokenClassification,
     GPT2LMHeadModel,
     GPT2Model,
     GPT2PreTrainedModel,
+    GPT2SequenceSummary,
     eager_attention_forward,
 )
 
@@ -148,6 +152,46 @@ class DamchaGPT2ForSequenceClassification(DamchaGPT2PreTrainedModel, GPT2ForSequ
         self.post_init()
 
 
+class DamchaGPT2ForTokenClassification(DamchaGPT2PreTrainedModel, GPT2ForTokenClassification):
+    def __init__(self, config: DamchaGPT2Config):
+        DamchaGPT2PreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.transformer = DamchaGPT2Model(config)
+        # GPT2ForTokenClassification's dropout choice, so that a converted model trains like the stock one.
+        if getattr(config, "classifier_dropout", None) is not None:
+            classifier_dropout = config.classifier_dropout
+        elif getattr(config, "hidden_dropout", None) is not None:
+            classifier_dropout = config.hidden_dropout
+        else:
+            classifier_dropout = 0.1
+        self.dropout = nn.Dropout(classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+
+class DamchaGPT2ForQuestionAnswering(DamchaGPT2PreTrainedModel, GPT2ForQuestionAnswering):
+    def __init__(self, config: DamchaGPT2Config):
+        DamchaGPT2PreTrainedModel.__init__(self, config)
+        self.num_labels = config.num_labels
+        self.transformer = DamchaGPT2Model(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+
+class DamchaGPT2DoubleHeadsModel(DamchaGPT2PreTrainedModel, GPT2DoubleHeadsModel, GenerationMixin):
+    """GPT-2 with a language-modelling and a multiple-choice head. Like the stock `GPT2DoubleHeadsModel`, no Auto
+    class maps to it: load it with `DamchaGPT2DoubleHeadsModel.from_pretrained` (its checkpoints also load as
+    `AutoModelForCausalLM`, which drops the multiple-choice head)."""
+
+    def __init__(self, config: DamchaGPT2Config):
+        DamchaGPT2PreTrainedModel.__init__(self, config)
+        config.num_labels = 1  # as GPT2DoubleHeadsModel: one score per choice
+        self.transformer = DamchaGPT2Model(config)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.multiple_choice_head = GPT2SequenceSummary(config)
+        self.post_init()
+
+
 DAMCHA_FAMILY = DamchaFamily(
     model_type="gpt2",
     display_name="GPT-2",
@@ -161,6 +205,19 @@ DAMCHA_FAMILY = DamchaFamily(
             GPT2ForSequenceClassification,
             "text-classification",
         ),
+        DamchaHead(
+            "AutoModelForTokenClassification",
+            DamchaGPT2ForTokenClassification,
+            GPT2ForTokenClassification,
+            "token-classification",
+        ),
+        DamchaHead(
+            "AutoModelForQuestionAnswering",
+            DamchaGPT2ForQuestionAnswering,
+            GPT2ForQuestionAnswering,
+            "question-answering",
+        ),
+        DamchaHead(None, DamchaGPT2DoubleHeadsModel, GPT2DoubleHeadsModel, "text-generation"),
     ),
     causal=True,
     vision=False,
@@ -175,4 +232,7 @@ __all__ = [
     "DamchaGPT2Model",
     "DamchaGPT2LMHeadModel",
     "DamchaGPT2ForSequenceClassification",
+    "DamchaGPT2ForTokenClassification",
+    "DamchaGPT2ForQuestionAnswering",
+    "DamchaGPT2DoubleHeadsModel",
 ]

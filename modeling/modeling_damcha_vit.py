@@ -21,6 +21,7 @@ from transformers.models.vit.modeling_vit import (
     ViTAttention,
     ViTEmbeddings,
     ViTForImageClassification,
+    ViTForMaskedImageModeling,
     ViTLayer,
     ViTMLP,
     ViTModel,
@@ -207,6 +208,20 @@ class DamchaViTForImageClassification(DamchaViTPreTrainedModel, ViTForImageClass
         self.post_init()
 
 
+class DamchaViTForMaskedImageModeling(DamchaViTPreTrainedModel, ViTForMaskedImageModeling):
+    """ViT with the SimMIM decoder for masked image modelling (`bool_masked_pos`); needs `encoder_stride` equal to
+    `patch_size` when masking, as the stock class does."""
+
+    def __init__(self, config: DamchaViTConfig):
+        DamchaViTPreTrainedModel.__init__(self, config)
+        self.vit = DamchaViTModel(config, add_pooling_layer=False, use_mask_token=True)
+        self.decoder = nn.Sequential(
+            nn.Conv2d(config.hidden_size, config.encoder_stride**2 * config.num_channels, kernel_size=1),
+            nn.PixelShuffle(config.encoder_stride),
+        )
+        self.post_init()
+
+
 # Checkpoints saved before transformers 5 (and ViT checkpoints that transformers 5 still writes) name the weights
 # `encoder.layer.N.attention.attention.query`, ...; transformers renames them on load through the mapping registered
 # for "ViTModel", but skips it for a class defined outside transformers unless that class registers its own.
@@ -242,6 +257,12 @@ DAMCHA_FAMILY = DamchaFamily(
             ViTForImageClassification,
             "image-classification",
         ),
+        DamchaHead(
+            "AutoModelForMaskedImageModeling",
+            DamchaViTForMaskedImageModeling,
+            ViTForMaskedImageModeling,
+            "image-feature-extraction",
+        ),
     ),
     causal=False,
     vision=True,
@@ -255,6 +276,7 @@ DAMCHA_FAMILY = DamchaFamily(
 __all__ = [
     "DAMCHA_FAMILY",
     "DamchaViTForImageClassification",
+    "DamchaViTForMaskedImageModeling",
     "DamchaViTModel",
     "DamchaViTPreTrainedModel",
 ]

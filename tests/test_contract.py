@@ -23,6 +23,7 @@ from transformers.models.vit import modeling_vit
 
 import damcha_hf
 from damcha_hf import DamchaGPT2LMHeadModel, DamchaViTModel
+from damcha_hf.families import FAMILIES
 from damcha_hf.modeling import modeling_damcha_gpt2, modeling_damcha_llama, modeling_damcha_vit
 
 # (cross_head_variant, metric_context): every attention a causal DAMCHA model can run.
@@ -147,24 +148,17 @@ def test_llama_attention_receives_no_argument_it_does_not_name(monkeypatch):
 
 # --- parity with the upstream classes -------------------------------------------------------------------------------
 
-# (DAMCHA class, the transformers class it extends, constructor keyword arguments of both)
+# (DAMCHA class, the transformers class it extends, constructor keyword arguments of both): the layers each family
+# builds, and every head each family declares.
 PARITY_PAIRS = [
     (modeling_damcha_gpt2.DamchaGPT2Attention, modeling_gpt2.GPT2Attention, {"layer_idx": 1}),
     (modeling_damcha_gpt2.DamchaGPT2Block, modeling_gpt2.GPT2Block, {"layer_idx": 1}),
-    (modeling_damcha_gpt2.DamchaGPT2Model, modeling_gpt2.GPT2Model, {}),
-    (modeling_damcha_gpt2.DamchaGPT2LMHeadModel, modeling_gpt2.GPT2LMHeadModel, {}),
-    (modeling_damcha_gpt2.DamchaGPT2ForSequenceClassification, modeling_gpt2.GPT2ForSequenceClassification, {}),
     (modeling_damcha_llama.DamchaLlamaAttention, modeling_llama.LlamaAttention, {"layer_idx": 1}),
     (modeling_damcha_llama.DamchaLlamaDecoderLayer, modeling_llama.LlamaDecoderLayer, {"layer_idx": 1}),
-    (modeling_damcha_llama.DamchaLlamaModel, modeling_llama.LlamaModel, {}),
-    (modeling_damcha_llama.DamchaLlamaForCausalLM, modeling_llama.LlamaForCausalLM, {}),
-    (modeling_damcha_llama.DamchaLlamaForSequenceClassification, modeling_llama.LlamaForSequenceClassification, {}),
     (modeling_damcha_vit.DamchaViTAttention, modeling_vit.ViTAttention, {"layer_idx": 1}),
     (modeling_damcha_vit.DamchaViTLayer, modeling_vit.ViTLayer, {"layer_idx": 1}),
-    (modeling_damcha_vit.DamchaViTModel, modeling_vit.ViTModel, {}),
     (modeling_damcha_vit.DamchaViTModel, modeling_vit.ViTModel, {"add_pooling_layer": False, "use_mask_token": True}),
-    (modeling_damcha_vit.DamchaViTForImageClassification, modeling_vit.ViTForImageClassification, {}),
-]
+] + [(head.model_class, head.stock_class, {}) for family in FAMILIES for head in family.heads]
 # What DAMCHA adds: its metric generator and the baselines' mixing modules; the metric and the token mask of
 # `"sequence"` handed down with each call; the layer index its ViT layers are built with (it picks the generator).
 DAMCHA_MODULES = {"cross_head_metric", "cross_head_mixing"}
@@ -315,14 +309,19 @@ def test_cross_attention_gpt2_generates_with_its_cache():
     assert cache.cross_attention_cache.get_seq_length() == 3
 
 
-@pytest.mark.slow
+# backend "eager": dynamo traces the whole decoding step (fullgraph: a graph break fails) without inductor's C++ build;
+# "inductor" (slow: minutes of C++ compilation on a CPU) is what users get by default.
+COMPILE_BACKENDS = ["eager", pytest.param("inductor", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("backend", COMPILE_BACKENDS)
 @pytest.mark.parametrize("variant, context", CAUSAL_SETTINGS, ids=SETTING_IDS)
-def test_compiled_static_cache_generation_equals_dynamic_cache_generation(variant, context):
+def test_compiled_static_cache_generation_equals_dynamic_cache_generation(variant, context, backend):
     from transformers import CompileConfig
 
     model = trained_lm(variant, context)
     prompt = tokens()
-    compile_config = CompileConfig(fullgraph=True, mode="default")
+    compile_config = CompileConfig(fullgraph=True, backend=backend, mode=None if backend == "eager" else "default")
     compile_config._compile_all_devices = True  # transformers compiles on GPUs only unless told otherwise
     torch._dynamo.reset()
     with torch.no_grad():
@@ -390,3 +389,14 @@ def test_vit_sequence_metric_mean_ignores_the_values_of_padded_tokens():
         a, _ = layer(x, additive, cross_head_metric=model.cross_head_metric, token_mask=mask)
         b, _ = layer(changed, additive, cross_head_metric=model.cross_head_metric, token_mask=mask)
     torch.testing.assert_close(a[:, :6], b[:, :6], rtol=1e-5, atol=1e-6)
+
+
+def test_vit_config_refuses_heads_that_do_not_divide_the_width_where_stock_vit_accepts_them():
+    """A deliberate difference (see DamchaViTConfig's docstring): stock ViT runs such a config with another head count
+    than it names; DAMCHA's C is num_attention_heads x num_attention_heads, so it must be exact."""
+    from transformers import ViTConfig, ViTModel
+
+    stock = ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=1, intermediate_size=37, image_size=8, patch_size=4))
+    assert stock.layers[0].attention.head_dim * stock.config.num_attention_heads != 32
+    with pytest.raises(Exception, match=r"`num_attention_heads` \(12\) must divide `hidden_size` \(32\).*8 or 16"):
+        tiny_damcha_vit_config(hidden_size=32, num_attention_heads=12)

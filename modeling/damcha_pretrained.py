@@ -3,6 +3,8 @@
 Part of the remote-code payload: imports only transformers and its sibling files.
 """
 
+from transformers import PreTrainedModel
+
 from .damcha_attention import (
     check_attention_backend,
     cross_head_variant_of,
@@ -50,7 +52,10 @@ class DamchaPreTrainedMixin:
         # that e.g. a causal model never runs with metric_context="sequence".
         if hasattr(config, "validate"):
             config.validate()
-        super().__init__(config, *inputs, **kwargs)
+        # PreTrainedModel's own __init__, not super()'s: in a DAMCHA model class the next class in the MRO is the stock
+        # model (e.g. GPT2Model), whose __init__ would build and initialise a whole stock model first, and its
+        # post_init would consume `config.gradient_checkpointing` before the DAMCHA layers exist.
+        PreTrainedModel.__init__(self, config, *inputs, **kwargs)
 
     def _init_weights(self, module):
         super()._init_weights(module)

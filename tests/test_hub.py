@@ -463,6 +463,7 @@ def test_push_completes_the_auto_map_of_a_plain_save(tmp_path, fake_hub, online)
         "AutoConfig": "configuration_damcha_vit.DamchaViTConfig",
         "AutoModel": "modeling_damcha_vit.DamchaViTModel",
         "AutoModelForImageClassification": "modeling_damcha_vit.DamchaViTForImageClassification",
+        "AutoModelForMaskedImageModeling": "modeling_damcha_vit.DamchaViTForMaskedImageModeling",
     }
     local = json.loads((folder / "config.json").read_text())
     assert {key: value for key, value in pushed.items() if key != "auto_map"} == {

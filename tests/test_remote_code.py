@@ -91,7 +91,8 @@ def expected_auto_map(config_class) -> dict[str, str]:
         return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
 
     auto_map = {"AutoConfig": reference(config_class)}
-    auto_map.update({head.auto_class: reference(head.model_class) for head in family_of(config_class).heads})
+    heads = [head for head in family_of(config_class).heads if head.auto_class]  # DoubleHeads has no Auto class
+    auto_map.update({head.auto_class: reference(head.model_class) for head in heads})
     return auto_map
 
 

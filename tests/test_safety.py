@@ -185,7 +185,7 @@ def test_upload_plan_refuses_auto_map_references_leaving_the_folder(checkpoint, 
 
 
 def test_foreign_auto_map_entries_are_dropped_on_save(checkpoint, tmp_path):
-    set_auto_map_entry(checkpoint, "AutoModelForTokenClassification", "../evil.Anything")
+    set_auto_map_entry(checkpoint, "AutoModelForMaskedLM", "../evil.Anything")  # no GPT-2 head
     model = AutoModelForCausalLM.from_pretrained(checkpoint)  # a "downloaded" checkpoint carrying the entry
     for saved in (tmp_path / "plain-save", tmp_path / "hub-save"):
         if saved.name == "plain-save":
@@ -193,7 +193,7 @@ def test_foreign_auto_map_entries_are_dropped_on_save(checkpoint, tmp_path):
         else:
             hub.save_hub_checkpoint(model, saved, metric_heatmap=False)
         auto_map = json.loads((saved / "config.json").read_text())["auto_map"]
-        assert "AutoModelForTokenClassification" not in auto_map
+        assert "AutoModelForMaskedLM" not in auto_map
         assert all("." in value and "/" not in value for value in auto_map.values())
         plan = hub.upload_plan(saved)
         assert all(path.resolve().parent == saved.resolve() for path in plan.values())

@@ -13,6 +13,7 @@ import contextlib
 import unittest
 
 import pytest
+import torch
 import transformers
 from modeling_common.generation.test_utils import GenerationTesterMixin
 from modeling_common.test_configuration_common import ConfigTester
@@ -61,17 +62,30 @@ class DamchaTesterMixin(ModelTesterMixin):
         # The mixin picks labels by the class name in transformers' Auto mappings: answer with the stock class's.
         inputs = super()._prepare_for_class(inputs_dict, stock_class_of(model_class), return_labels=return_labels)
         if return_labels and stock_class_of(model_class) is GPT2DoubleHeadsModel:
-            # As transformers' own GPT-2 test does: the language-modelling labels give the double-heads model a loss.
+            # As transformers' own GPT-2 test does: `num_choices` copies of each sequence, the last token of each
+            # scored by the multiple-choice head, and labels for both heads, so that every weight gets a gradient.
+            batch, choices = self.model_tester.batch_size, self.model_tester.num_choices
+            for key in ("input_ids", "attention_mask"):
+                inputs[key] = inputs[key].unsqueeze(1).expand(-1, choices, -1).contiguous()
             inputs["labels"] = inputs["input_ids"]
+            inputs["mc_token_ids"] = torch.full((batch, choices), self.model_tester.seq_length - 1)
+            inputs["mc_labels"] = torch.zeros(batch, dtype=torch.long)
         return inputs
 
     @contextlib.contextmanager
-    def _classes_with_a_loss(self):
+    def _classes_with_a_loss(self, loss_reaches_every_weight=False):
         """The training tests skip base models by their name in transformers' Auto mappings (they return no loss),
-        which a DAMCHA class name is not: leave them out by their stock class instead."""
-        base_models = set(MODEL_MAPPING_NAMES.values())
+        which a DAMCHA class name is not: leave them out by their stock class instead.
+
+        `loss_reaches_every_weight`: also leave out the double-heads model, whose `loss` is the language-modelling
+        loss alone (the multiple-choice loss comes separately, as `mc_loss`, as in stock GPT2DoubleHeadsModel), so
+        that its multiple-choice head gets no gradient from it.
+        """
+        left_out = set(MODEL_MAPPING_NAMES.values()) | (
+            {"GPT2DoubleHeadsModel"} if loss_reaches_every_weight else set()
+        )
         every_class = self.all_model_classes
-        self.all_model_classes = tuple(c for c in every_class if stock_class_of(c).__name__ not in base_models)
+        self.all_model_classes = tuple(c for c in every_class if stock_class_of(c).__name__ not in left_out)
         try:
             yield
         finally:
@@ -82,15 +96,15 @@ class DamchaTesterMixin(ModelTesterMixin):
             super().test_training()
 
     def test_training_gradient_checkpointing(self):
-        with self._classes_with_a_loss():
+        with self._classes_with_a_loss(loss_reaches_every_weight=True):
             super().test_training_gradient_checkpointing()
 
     def test_training_gradient_checkpointing_use_reentrant_false(self):
-        with self._classes_with_a_loss():
+        with self._classes_with_a_loss(loss_reaches_every_weight=True):
             super().test_training_gradient_checkpointing_use_reentrant_false()
 
     def test_training_gradient_checkpointing_use_reentrant_true(self):
-        with self._classes_with_a_loss():
+        with self._classes_with_a_loss(loss_reaches_every_weight=True):
             super().test_training_gradient_checkpointing_use_reentrant_true()
 
     @unittest.skip(
@@ -174,7 +188,10 @@ class DamchaViTModelTester:
         self.metric_context = metric_context
         self.is_training = True
         self.num_labels = 3
-        self.seq_length = (image_size // patch_size) ** 2 + 1  # the patches and the CLS token
+        num_patches = (image_size // patch_size) ** 2
+        self.seq_length = num_patches + 1  # the patches and the CLS token
+        # Masked image modelling: the mixin masks `num_masks` of the `mask_length` patches (the CLS token is never).
+        self.mask_length, self.num_masks = num_patches, num_patches // 2
 
     def get_config(self) -> DamchaViTConfig:
         return DamchaViTConfig(
@@ -210,6 +227,16 @@ class DamchaViTCommonTest(DamchaTesterMixin, unittest.TestCase):
 
     def test_config(self):
         self.config_tester.run_common_tests()
+
+    def test_model_get_set_embeddings(self):
+        # ViT's input embeddings are its patch embeddings (a convolution), not an nn.Embedding; transformers' own ViT
+        # test checks them the same way.
+        config, _ = self.model_tester.prepare_config_and_inputs_for_common()
+        for model_class in self.all_model_classes:
+            model = model_class(config)
+            self.assertIsInstance(model.get_input_embeddings(), nn.Module)
+            output_embeddings = model.get_output_embeddings()
+            self.assertTrue(output_embeddings is None or isinstance(output_embeddings, nn.Linear))
 
 
 class DamchaViTRandomGeneratorCommonTest(DamchaViTCommonTest):

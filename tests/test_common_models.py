@@ -6,7 +6,7 @@ the sdist lacks). Each family runs twice: with the metric generator's output lay
 exactly multi-head attention) and with random non-zero generator weights (a trained one), so that the contract holds
 where the cross-head metric really changes the attention. Generation is covered by `tests/test_contract.py`.
 
-Run with `python -m pytest -m common` (left out of the default suite for time; CI runs it on both ends of the range).
+Run with `python -m pytest -m common` (left out of the default suite for time: 10-20 minutes on 2 CPU cores).
 """
 
 import contextlib

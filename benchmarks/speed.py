@@ -1,11 +1,17 @@
 """Speed, memory and parameter cost of DAMCHA against vanilla transformers models, measured as ratios in one process.
 
-For each shape (GPT-2 small and, once `damcha_hf` has ViT, ViT-S/16) every row (MHA, each DAMCHA `metric_context`,
-the baseline variants when the configs offer `cross_head_variant`) is built once; then the rows take turns:
-after warm-up, each repeat runs one training step (forward + backward + AdamW step) of every row, in an order that
-rotates from repeat to repeat, so that a slow spell of a shared machine hits every row alike. Reported: the median
-step time and its ratio to MHA, the training memory and its ratio, greedy generation tokens/s with the KV cache and
-its ratio (GPT-2 only), and the parameter overhead.
+For each shape (GPT-2 small and, once `damcha_hf` has ViT, ViT-S/16) every row (MHA, a second MHA model as the
+noise floor, each DAMCHA `metric_context`, the baseline variants when the configs offer `cross_head_variant`) is built
+once; then the rows take turns: after warm-up, each round runs one training step (forward + backward + AdamW step)
+of every row, in an order that rotates from round to round, so that a slow spell of a shared machine hits every row
+alike. Ratios are *paired*: per round, a row's time over MHA's time in the same round, and the median over rounds.
+Reported: step time and its ratio to MHA, training memory and its ratio (activation bytes also at other dropout
+rates, `--memory-dropout`), greedy generation tokens/s with the KV cache and its ratio (GPT-2 only), the same with
+the static cache and `torch.compile(fullgraph=True)` (`--parts ... compiled`), and the parameter overhead.
+
+Noise floor: the row "MHA (repeat)" is a second, identical vanilla model. Its paired ratio measures how far two
+identical models drift apart on this machine; when it is more than `--resolution` (default 1%) from 1.000 the
+table says that its ratios of that kind are not resolved, and more repeats (or a quieter machine) are needed.
 
 Memory:
   * CUDA: `torch.cuda.max_memory_allocated` over one training step, optimiser state already allocated (so it is the
@@ -19,6 +25,7 @@ Examples:
     python benchmarks/speed.py --quick
     python benchmarks/speed.py                       # GPT-2 small (12 x 768, 12 heads), seq 512 and 1024, batch 4
     python benchmarks/speed.py --layers 4 --batch 1 --seq 512 1024 --repeats 5 --json docs/speed_cpu.json
+    python benchmarks/speed.py --parts generate compiled --models gpt2 --contexts token --no-variants   # decoding only
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import (
     GPT2_CONTEXTS,
     VIT_CONTEXTS,
+    Row,
     count_parameters,
     format_table,
     gpt2_config_kwargs,
@@ -47,6 +55,8 @@ from bench_common import (
     vit_rows,
     write_json_atomic,
 )
+
+PARTS = ("train", "memory", "generate", "compiled")
 
 
 def parse_args(argv=None):
@@ -72,6 +82,20 @@ def parse_args(argv=None):
     parser.add_argument("--models", nargs="+", default=["gpt2", "vit"], choices=["gpt2", "vit"])
     parser.add_argument("--no-variants", action="store_true", help="skip the cross_head_variant baseline rows")
     parser.add_argument("--profile", action="store_true", help="profile one training step per row (torch.profiler)")
+    parser.add_argument(
+        "--parts", nargs="+", default=["train", "memory", "generate"], choices=PARTS,
+        help="what to measure (default: train memory generate); 'compiled' = static-cache generation under "
+        "torch.compile(fullgraph=True), DAMCHA and MHA both compiled (minutes of compile time per row on a CPU)",
+    )  # fmt: skip
+    parser.add_argument("--contexts", nargs="+", help="DAMCHA metric_context rows (default: all the model accepts)")
+    parser.add_argument(
+        "--memory-dropout", type=float, nargs="+", default=[0.0, 0.1],
+        help="dropout rates at which activation bytes are also counted (default 0 and 0.1, GPT2Config's default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--resolution", type=float, default=0.01,
+        help="a ratio is claimed only when the noise-floor row is within this of 1.000 (default 0.01)",
+    )  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--threads", type=int, default=2,
@@ -95,25 +119,32 @@ def parse_args(argv=None):
     for name in ("layers", "width", "heads", "batch", "repeats", "gen_tokens", "gen_prompt", "image_size", "vocab"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if "compiled" in args.parts and "gpt2" not in args.models:
+        parser.error("--parts compiled measures generation, which needs --models gpt2")
     if args.width % args.heads or args.vit_width % args.vit_heads:
         parser.error("--heads must divide --width and --vit-heads must divide --vit-width")
     return args
 
 
 class Clock:
-    """Wall-clock on CPU; CUDA events on GPU (the step is queued, so host timing would measure nothing)."""
+    """Wall-clock on CPU; CUDA events on GPU (the step is queued, so host timing would measure nothing).
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    `cuda` is the `torch.cuda` namespace; the tests pass a stand-in with the same four calls, so that the GPU path runs
+    (and is checked) on a CPU-only machine.
+    """
+
+    def __init__(self, device: torch.device, cuda=torch.cuda):
+        self.on_gpu = device.type == "cuda"
+        self.cuda = cuda
 
     def time(self, function) -> float:
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
+        if self.on_gpu:
+            start, end = self.cuda.Event(enable_timing=True), self.cuda.Event(enable_timing=True)
+            self.cuda.synchronize()
             start.record()
             function()
             end.record()
-            torch.cuda.synchronize()
+            self.cuda.synchronize()
             return start.elapsed_time(end) / 1000.0
         start = time.perf_counter()
         function()
@@ -147,17 +178,20 @@ def saved_activation_bytes(model, batch) -> int:
     return sum(saved.values())
 
 
-def training_memory(model, optimizer, batch, device) -> tuple[float, float]:
-    """(train memory bytes, activation bytes); see the module docstring for the method per device."""
+def training_memory(model, optimizer, batch, device, cuda=torch.cuda) -> tuple[float, float]:
+    """(train memory bytes, activation bytes); see the module docstring for the method per device.
+
+    `cuda` as in `Clock`: the tests run the GPU branch on a CPU with a stand-in.
+    """
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     if device.type == "cuda":
         optimizer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-        baseline = torch.cuda.memory_allocated(device)
+        cuda.synchronize()
+        cuda.reset_peak_memory_stats(device)
+        baseline = cuda.memory_allocated(device)
         training_step(model, optimizer, batch)
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated(device)
+        cuda.synchronize()
+        peak = cuda.max_memory_allocated(device)
         return float(peak), float(peak - baseline)
     activations = saved_activation_bytes(model, batch)
     return float(4 * parameter_bytes + activations), float(activations)
@@ -175,72 +209,117 @@ def image_batch(batch, image_size, labels, device, seed):
     return {"pixel_values": pixels, "labels": torch.randint(0, labels, (batch,), generator=generator).to(device)}
 
 
-def measure(rows, batch, args, device, generation_prompt=None) -> list[dict]:
-    """Build every row, then alternate: warm-up, timed training steps, memory, and generation (if a prompt)."""
+def alternate(functions, repeats: int, clock: Clock) -> list[list[float]]:
+    """`times[row][round]`: each round times every function once, in an order that rotates from round to round."""
+    times = [[] for _ in functions]
+    for repeat in range(repeats):
+        order = list(range(len(functions)))
+        order = order[repeat % len(order) :] + order[: repeat % len(order)]
+        for index in order:
+            times[index].append(clock.time(functions[index]))
+    return times
+
+
+def paired_ratio(times: list[float], reference: list[float]) -> float:
+    """Median over rounds of `time / reference time of the same round`: drift of a shared machine cancels out."""
+    return median([mine / theirs for mine, theirs in zip(times, reference)])
+
+
+def with_noise_floor(rows: list) -> list:
+    """The rows with a second, independently built MHA model after the first: two identical models whose paired
+    ratio shows the timing noise of this machine."""
+    return [rows[0], Row("MHA (repeat)", rows[0].build, "mha"), *rows[1:]]
+
+
+def compile_config(device: torch.device):
+    """Static-cache decoding compiled with `fullgraph=True`; CUDA graphs on a GPU, plain inductor on a CPU."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=True, mode="reduce-overhead" if device.type == "cuda" else "default")
+    config._compile_all_devices = True  # generate() compiles only on accelerators unless told otherwise
+    return config
+
+
+def measure(rows, batch, args, device, generation_prompt=None, memory_batch_builder=None) -> list[dict]:
+    """Build every row, then alternate: warm-up, timed training steps, memory, and generation (if a prompt).
+
+    `memory_batch_builder(dropout)` returns `(rows, batch)` built at another dropout rate, for `--memory-dropout`.
+    """
     clock = Clock(device)
     models, optimizers = [], []
     for row in rows:
         model = row.build().to(device)
         models.append(model)
         optimizers.append(torch.optim.AdamW(model.parameters(), lr=1e-4))
-    results = [
-        {"row": row.name, "kind": row.kind, "parameters": count_parameters(m), "step_s": []}
-        for row, m in zip(rows, models)
-    ]
+    results = [{"row": row.name, "kind": row.kind, "parameters": count_parameters(m)} for row, m in zip(rows, models)]
+    print(f"  built {', '.join(row.name for row in rows)}", flush=True)
 
-    print(f"  built {', '.join(row.name for row in rows)}; warming up", flush=True)
-    for _ in range(args.warmup):
-        for model, optimizer in zip(models, optimizers):
-            training_step(model, optimizer, batch)
-    for repeat in range(args.repeats):
-        order = list(range(len(rows)))
-        order = order[repeat % len(order) :] + order[: repeat % len(order)]  # rotate who goes first
-        for index in order:
-            seconds = clock.time(functools.partial(training_step, models[index], optimizers[index], batch))
-            results[index]["step_s"].append(seconds)
-    print("  timed training steps done; measuring memory", flush=True)
-    for result, model, optimizer in zip(results, models, optimizers):
-        result["train_memory_bytes"], result["activation_bytes"] = training_memory(model, optimizer, batch, device)
+    if "train" in args.parts:
+        for _ in range(args.warmup):
+            for model, optimizer in zip(models, optimizers):
+                training_step(model, optimizer, batch)
+        steps = [functools.partial(training_step, m, o, batch) for m, o in zip(models, optimizers)]
+        for result, times in zip(results, alternate(steps, args.repeats, clock)):
+            result["step_s"] = times
+        print("  timed training steps done", flush=True)
 
-    if generation_prompt is not None:
+    if "memory" in args.parts:
+        for result, model, optimizer in zip(results, models, optimizers):
+            result["train_memory_bytes"], result["activation_bytes"] = training_memory(model, optimizer, batch, device)
+        for dropout in args.memory_dropout:
+            if dropout == 0.0 or memory_batch_builder is None:
+                continue
+            dropout_rows, dropout_batch = memory_batch_builder(dropout)
+            for result, row in zip(results, dropout_rows):
+                model = row.build().to(device)
+                memory = training_memory(model, torch.optim.AdamW(model.parameters()), dropout_batch, device)
+                result[f"activation_bytes_dropout_{dropout:g}"] = memory[1]
+                del model
+        print("  memory counted", flush=True)
+
+    generating = generation_prompt is not None and ({"generate", "compiled"} & set(args.parts))
+    if generating:
         for model in models:
             model.eval()
             model.generation_config.eos_token_id = None  # never stop early: every row generates the same count
             model.generation_config.pad_token_id = 0
-        for result in results:
-            result["generate_s"] = []
 
-        def generate(model):
+        def generate(model, **options):
             with torch.no_grad():
                 model.generate(
                     generation_prompt, max_new_tokens=args.gen_tokens, min_new_tokens=args.gen_tokens,
-                    do_sample=False, use_cache=True,
+                    do_sample=False, use_cache=True, **options,
                 )  # fmt: skip
 
-        for model in models:
-            generate(model)  # warm-up
-        for repeat in range(args.repeats):
-            order = list(range(len(rows)))
-            order = order[repeat % len(order) :] + order[: repeat % len(order)]
-            for index in order:
-                results[index]["generate_s"].append(clock.time(functools.partial(generate, models[index])))
         new_tokens = generation_prompt.shape[0] * args.gen_tokens
-        for result in results:
-            result["generate_tokens_per_s"] = new_tokens / median(result["generate_s"])
+        if "generate" in args.parts:
+            calls = [functools.partial(generate, model) for model in models]
+            for call in calls:
+                call()  # warm-up
+            for result, times in zip(results, alternate(calls, args.repeats, clock)):
+                result["generate_s"] = times
+                result["generate_tokens_per_s"] = new_tokens / median(times)
+        if "compiled" in args.parts:
+            # "query" and the eager-only score-mixing variants are not compiled here (static-cache "query" is its own
+            # issue); every other row is, MHA included, so that the ratio compares compiled with compiled.
+            compiled = [
+                index for index, row in enumerate(rows)
+                if row.name != "DAMCHA query" and "eager" not in row.name
+            ]  # fmt: skip
+            calls = [
+                functools.partial(generate, models[i], cache_implementation="static", compile_config=compile_config(device))
+                for i in compiled
+            ]  # fmt: skip
+            for index, call in zip(compiled, calls):
+                started = time.perf_counter()
+                call()  # compiles
+                results[index]["compile_s"] = time.perf_counter() - started
+                print(f"  compiled {rows[index].name} in {results[index]['compile_s']:.0f} s", flush=True)
+            for index, times in zip(compiled, alternate(calls, args.repeats, clock)):
+                results[index]["compiled_generate_s"] = times
+                results[index]["compiled_generate_tokens_per_s"] = new_tokens / median(times)
 
-    reference = results[0]
-    for result in results:
-        result["step_median_s"] = median(result["step_s"])
-        result["step_ratio"] = result["step_median_s"] / reference["step_median_s"]
-        result["step_spread"] = [min(result["step_s"]), max(result["step_s"])]
-        # On a shared machine interference only ever adds time, so the ratio of the fastest runs is the more robust.
-        result["step_min_ratio"] = min(result["step_s"]) / min(reference["step_s"])
-        result["memory_ratio"] = result["train_memory_bytes"] / reference["train_memory_bytes"]
-        result["activation_ratio"] = result["activation_bytes"] / reference["activation_bytes"]
-        result["parameter_overhead"] = result["parameters"] / reference["parameters"] - 1
-        if "generate_tokens_per_s" in result:
-            result["generate_ratio"] = result["generate_tokens_per_s"] / reference["generate_tokens_per_s"]
-            result["generate_min_ratio"] = min(reference["generate_s"]) / min(result["generate_s"])
+    summarise(results, args.resolution)
 
     if args.profile:
         for model, optimizer, result in zip(models, optimizers, results):
@@ -249,7 +328,7 @@ def measure(rows, batch, args, device, generation_prompt=None) -> list[dict]:
         for row, result in zip(rows[1:], results[1:]):
             result["profile_vs_mha"] = profile_difference(row.name, result["profile"], results[0]["profile"])
             print("\n" + result["profile_vs_mha"], flush=True)
-        if generation_prompt is not None:
+        if generating:
             for model, result in zip(models, results):
                 model.eval()
                 result["generate_profile"] = profile_call(functools.partial(generate, model), device)
@@ -259,6 +338,38 @@ def measure(rows, batch, args, device, generation_prompt=None) -> list[dict]:
                 )
                 print("\n" + result["generate_profile_vs_mha"], flush=True)
     return results
+
+
+def summarise(results: list[dict], resolution: float) -> None:
+    """Ratios to the first row (MHA): paired medians, min-time ratios, memory ratios; and whether the noise-floor row
+    resolves them (`resolved[kind]`, stored on the first row)."""
+    reference = results[0]
+    for result in results:
+        if "step_s" in result:
+            result["step_median_s"] = median(result["step_s"])
+            result["step_ratio"] = paired_ratio(result["step_s"], reference["step_s"])
+            result["step_spread"] = [min(result["step_s"]), max(result["step_s"])]
+            # On a shared machine interference only ever adds time, so the ratio of the fastest runs is also robust.
+            result["step_min_ratio"] = min(result["step_s"]) / min(reference["step_s"])
+        if "train_memory_bytes" in result:
+            result["memory_ratio"] = result["train_memory_bytes"] / reference["train_memory_bytes"]
+            result["activation_ratio"] = result["activation_bytes"] / reference["activation_bytes"]
+            for key in [k for k in result if k.startswith("activation_bytes_dropout_")]:
+                suffix = key.removeprefix("activation_bytes")
+                result[f"activation_ratio{suffix}"] = result[key] / reference[key]
+        result["parameter_overhead"] = result["parameters"] / reference["parameters"] - 1
+        for prefix in ("generate", "compiled_generate"):
+            if f"{prefix}_s" in result and f"{prefix}_s" in reference:
+                # tokens/s ratio: reference time over this row's time, per round
+                result[f"{prefix}_ratio"] = paired_ratio(reference[f"{prefix}_s"], result[f"{prefix}_s"])
+                result[f"{prefix}_min_ratio"] = min(reference[f"{prefix}_s"]) / min(result[f"{prefix}_s"])
+    floor = next((r for r in results if r["row"] == "MHA (repeat)"), None)
+    resolved = {}
+    for ratio in ("step_ratio", "generate_ratio", "compiled_generate_ratio"):
+        if floor is not None and ratio in floor:
+            resolved[ratio] = abs(floor[ratio] - 1) <= resolution
+    reference["resolved"] = resolved
+    reference["resolution"] = resolution
 
 
 def profile_step(model, optimizer, batch, device) -> dict[str, dict]:
@@ -306,29 +417,55 @@ def profile_difference(row: str, ops: dict, reference: dict, top: int = 12) -> s
 
 
 def print_table(title: str, results: list[dict]) -> str:
-    headers = ["row", "params", "param overhead", "step ms (median)", "step ratio", "step ratio (min)", "train mem MB",
-               "mem ratio", "activation ratio", "gen tok/s", "gen ratio", "gen ratio (min)"]  # fmt: skip
-    table_rows = []
-    for r in results:
-        table_rows.append([
-            r["row"], f"{r['parameters'] / 1e6:.2f}M", f"{100 * r['parameter_overhead']:+.2f}%",
-            f"{1000 * r['step_median_s']:.1f}", f"{r['step_ratio']:.3f}", f"{r['step_min_ratio']:.3f}",
-            f"{r['train_memory_bytes'] / 2**20:.0f}",
-            f"{r['memory_ratio']:.3f}", f"{r['activation_ratio']:.3f}",
-            f"{r['generate_tokens_per_s']:.1f}" if "generate_tokens_per_s" in r else "-",
-            f"{r['generate_ratio']:.3f}" if "generate_ratio" in r else "-",
-            f"{r['generate_min_ratio']:.3f}" if "generate_min_ratio" in r else "-",
-        ])  # fmt: skip
-    text = f"\n### {title}\n\n" + format_table(headers, table_rows)
+    columns = [  # (header, format of one result or None when the column is absent)
+        ("row", lambda r: r["row"]),
+        ("params", lambda r: f"{r['parameters'] / 1e6:.2f}M"),
+        ("param overhead", lambda r: f"{100 * r['parameter_overhead']:+.2f}%"),
+        ("step ms (median)", lambda r: f"{1000 * r['step_median_s']:.1f}"),
+        ("step ratio (paired)", lambda r: f"{r['step_ratio']:.3f}"),
+        ("step ratio (min)", lambda r: f"{r['step_min_ratio']:.3f}"),
+        ("train mem MB", lambda r: f"{r['train_memory_bytes'] / 2**20:.0f}"),
+        ("mem ratio", lambda r: f"{r['memory_ratio']:.3f}"),
+        ("activation ratio", lambda r: f"{r['activation_ratio']:.3f}"),
+    ]
+    for key in sorted({k for r in results for k in r if k.startswith("activation_ratio_dropout_")}):
+        columns.append((f"activation ratio (dropout {key.rsplit('_', 1)[1]})", lambda r, key=key: f"{r[key]:.3f}"))
+    columns += [
+        ("gen tok/s", lambda r: f"{r['generate_tokens_per_s']:.1f}"),
+        ("gen ratio (paired)", lambda r: f"{r['generate_ratio']:.3f}"),
+        ("gen ratio (min)", lambda r: f"{r['generate_min_ratio']:.3f}"),
+        ("compiled gen tok/s", lambda r: f"{r['compiled_generate_tokens_per_s']:.1f}"),
+        ("compiled gen ratio (paired)", lambda r: f"{r['compiled_generate_ratio']:.3f}"),
+    ]
+
+    def cell(format_result, result):
+        try:
+            return format_result(result)
+        except KeyError:
+            return "-"
+
+    columns = [(h, f) for h, f in columns if any(cell(f, r) != "-" for r in results)]
+    table_rows = [[cell(f, r) for _, f in columns] for r in results]
+    text = f"\n### {title}\n\n" + format_table([h for h, _ in columns], table_rows)
+    resolved = results[0].get("resolved", {})
+    for ratio, ok in resolved.items():
+        floor = next(r for r in results if r["row"] == "MHA (repeat)")[ratio]
+        verdict = "resolved" if ok else "NOT resolved: more repeats or a quieter machine needed"
+        text += (f"\n{ratio}: noise floor (MHA vs MHA) {floor:.3f}, resolution "
+                 f"{100 * results[0]['resolution']:.0f}%: {verdict}")  # fmt: skip
     print(text, flush=True)
     return text
+
+
+def gpt2_dropout(dropout: float) -> dict:
+    return {"resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout}
 
 
 def main(argv=None):
     args = parse_args(argv)
     device, machine = set_up_device(args.device, args.threads)
     print(f"speed.py on {machine}; torch {torch.__version__}; args: {vars(args)}", flush=True)
-    report = {"machine": machine, "torch": torch.__version__, "args": vars(args), "shapes": []}
+    report = {"machine": machine, "torch": torch.__version__, "args": dict(vars(args)), "shapes": []}
     variants = not args.no_variants
 
     if "gpt2" in args.models:
@@ -337,12 +474,22 @@ def main(argv=None):
             kwargs = gpt2_config_kwargs(
                 args.layers, args.width, args.heads, max(seq, args.gen_prompt + args.gen_tokens), vocab
             )
-            rows = gpt2_rows(
-                kwargs, contexts=GPT2_CONTEXTS, metric_hidden_size=args.metric_hidden_size, variants=variants
-            )
+            contexts = args.contexts or GPT2_CONTEXTS
+            contexts = [c for c in contexts if c in GPT2_CONTEXTS]
+
+            def build_rows(dropout=0.0, kwargs=kwargs, contexts=contexts):
+                rows = gpt2_rows(
+                    {**kwargs, **gpt2_dropout(dropout)}, contexts=contexts, metric_hidden_size=args.metric_hidden_size,
+                    variants=variants,
+                )  # fmt: skip
+                return with_noise_floor(rows)
+
             batch = lm_batch(args.batch, seq, vocab, device, seed=seq)
             prompt = lm_batch(args.gen_batch, args.gen_prompt, vocab, device, seed=1)["input_ids"]
-            results = measure(rows, batch, args, device, generation_prompt=prompt)
+            results = measure(
+                build_rows(), batch, args, device, generation_prompt=prompt,
+                memory_batch_builder=lambda dropout, build_rows=build_rows, batch=batch: (build_rows(dropout), batch),
+            )  # fmt: skip
             title = (f"GPT-2 {args.layers} layers x {args.width}, {args.heads} heads, batch {args.batch} x seq {seq}; "
                      f"generation: batch {args.gen_batch}, prompt {args.gen_prompt}, {args.gen_tokens} new tokens")  # fmt: skip
             report["shapes"].append({"title": title, "table": print_table(title, results), "results": results})
@@ -352,11 +499,24 @@ def main(argv=None):
             print("\n(ViT rows skipped: damcha_hf has no DamchaViTConfig yet)", flush=True)
         else:
             kwargs = vit_config_kwargs(args.image_size, 16, 3, args.layers, args.vit_width, args.vit_heads, 1000)
-            rows = vit_rows(
-                kwargs, contexts=VIT_CONTEXTS, metric_hidden_size=args.metric_hidden_size, variants=variants
-            )
+            contexts = [c for c in (args.contexts or VIT_CONTEXTS) if c in VIT_CONTEXTS]
+
+            def build_vit_rows(dropout=0.0):
+                rows = vit_rows(
+                    {**kwargs, "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout},
+                    contexts=contexts, metric_hidden_size=args.metric_hidden_size, variants=variants,
+                )  # fmt: skip
+                return with_noise_floor(rows)
+
             batch = image_batch(args.vit_batch, args.image_size, 1000, device, seed=0)
-            results = measure(rows, batch, args, device)
+            parts = args.parts
+            args.parts = [p for p in parts if p not in ("generate", "compiled")]
+            try:
+                results = measure(
+                    build_vit_rows(), batch, args, device, memory_batch_builder=lambda p: (build_vit_rows(p), batch)
+                )
+            finally:
+                args.parts = parts
             title = (f"ViT {args.layers} layers x {args.vit_width}, {args.vit_heads} heads, patch 16, "
                      f"image {args.image_size}, batch {args.vit_batch}")  # fmt: skip
             report["shapes"].append({"title": title, "table": print_table(title, results), "results": results})

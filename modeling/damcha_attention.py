@@ -257,25 +257,55 @@ def init_cross_head_weights(module: nn.Module, std: float) -> None:
     init_dcmha(module, std)
 
 
-def mix_keys_per_token(cross_head: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+def _backend_copies_its_inputs(attn_implementation: str | None, dropout: float, query: torch.Tensor) -> bool:
+    """Whether the attention function saves copies of q, k, v for backward rather than the tensors themselves.
+
+    Eager attention and SDPA's math fallback (which a CPU takes when attention dropout is on) do: they then keep no
+    view into a fused `c_attn` projection alive, and a key mixing that saved its input as such a view would keep the
+    whole `(b, s, 3d)` projection alive for backward on its own (3 keys' worth per layer). The fused kernels save the
+    q, k, v views themselves, so the projection is kept anyway and a view costs nothing.
+    """
+    if not (torch.is_grad_enabled() and query.requires_grad):
+        return False
+    if attn_implementation == "eager":
+        return True
+    return attn_implementation == "sdpa" and dropout > 0 and query.device.type == "cpu"
+
+
+def _compact_for_backward(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` itself, or a compact copy when it is a view into a larger storage (a slice of a fused projection)."""
+    if tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size():
+        return tensor.contiguous()
+    return tensor
+
+
+def mix_keys_per_token(cross_head: torch.Tensor, key: torch.Tensor, compact_saved_key: bool = False) -> torch.Tensor:
     """`K~_i[s] = sum_j C_ij[s] K_j[s]` for `C` (b, s, H, H) and `key` (b, H, s, d_h): one `bmm` over the tokens.
 
     The projections hand the key over as a transposed view of `(b, s, H, d_h)`, so transposing it back and merging
     `(b, s)` are views, not copies; the result is again a `(b, H, s, d_h)` view, laid out as the plain key was.
+    `compact_saved_key`: save a compact copy of the key for backward rather than a view into its projection (see
+    `_backend_copies_its_inputs`).
     """
     batch, heads, seq, head_dim = key.shape
     token_major = key.transpose(1, 2).reshape(batch * seq, heads, head_dim)
+    if compact_saved_key:
+        token_major = _compact_for_backward(token_major)
     mixed = torch.bmm(cross_head.reshape(batch * seq, heads, heads), token_major)
     return mixed.view(batch, seq, heads, head_dim).transpose(1, 2)
 
 
-def mix_keys_per_sequence(cross_head: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+def mix_keys_per_sequence(cross_head: torch.Tensor, key: torch.Tensor, compact_saved_key: bool = False) -> torch.Tensor:
     """`K~_i = sum_j C_ij K_j` for one `C` (b, H, H) per sequence and `key` (b, H, s, d_h).
 
     Broadcast over the tokens of the token-major view, so that the key is never copied into a head-major layout
-    (autograd would save that copy, one more key-sized tensor per layer).
+    (autograd would save that copy, one more key-sized tensor per layer). `compact_saved_key` as in
+    `mix_keys_per_token`.
     """
-    mixed = torch.matmul(cross_head.unsqueeze(1), key.transpose(1, 2))  # (b, 1, H, H) @ (b, s, H, d_h)
+    token_major = key.transpose(1, 2)
+    if compact_saved_key:
+        token_major = _compact_for_backward(token_major)
+    mixed = torch.matmul(cross_head.unsqueeze(1), token_major)  # (b, 1, H, H) @ (b, s, H, d_h)
     return mixed.transpose(1, 2)
 
 
@@ -289,6 +319,7 @@ def cross_head_query_key(
     metric_context: str,
     metric_mask: str = "full",
     token_mask: torch.Tensor | None = None,
+    compact_saved_key: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn multi-head `(query, key)` into DAMCHA's, for any attention function.
 
@@ -299,6 +330,8 @@ def cross_head_query_key(
         metric: the model's `CrossHeadMetric`.
         token_mask: `(batch, seq)`, True for real tokens and False for padding, or None (no padding). Only
             `"sequence"` uses it: its `C` comes from the mean over the real tokens.
+        compact_saved_key: `"token"` / `"sequence"` keep a compact copy of the key for backward instead of a view
+            into its projection: for attention functions that copy their inputs (`_backend_copies_its_inputs`).
 
     Returns:
         `(query, key)`, each to be handed on as it is (the key to the KV cache). For `"token"` and `"sequence"` the
@@ -308,10 +341,10 @@ def cross_head_query_key(
     """
     if metric_context == "token":
         cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, s, H, H)
-        return query, mix_keys_per_token(cross_head, key)
+        return query, mix_keys_per_token(cross_head, key, compact_saved_key)
     if metric_context == "sequence":
         cross_head = metric(masked_mean(hidden_states, token_mask), layer_idx, metric_mask)  # (b, H, H)
-        return query, mix_keys_per_sequence(cross_head, key)
+        return query, mix_keys_per_sequence(cross_head, key, compact_saved_key)
     if metric_context == "query":
         cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, t, H, H_kv)
         # expanded[b, i, t, j, :] = C_ij(x_t) * q_i[t]
@@ -477,6 +510,7 @@ def cross_head_attention(
             metric_context=config.metric_context,
             metric_mask=config.metric_mask,
             token_mask=token_mask,
+            compact_saved_key=_backend_copies_its_inputs(config._attn_implementation, dropout, query),
         )
     if cache is not None:
         key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)

@@ -133,12 +133,19 @@ def test_speed_tiny_prints_ratio_tables(tmp_path, capsys):
     path = tmp_path / "speed.json"
     speed.main(["--tiny", "--no-variants", "--threads", "1", "--json", str(path)])
     printed = capsys.readouterr().out
-    assert "step ratio" in printed and "gen ratio" in printed
+    assert "step ratio" in printed and "gen ratio" in printed and "noise floor (MHA vs MHA)" in printed
     report = json.loads(path.read_text())
     gpt2 = report["shapes"][0]["results"]
-    assert [r["row"] for r in gpt2] == ["MHA", "DAMCHA token", "DAMCHA query"]
+    assert [r["row"] for r in gpt2] == ["MHA", "MHA (repeat)", "DAMCHA token", "DAMCHA query"]
     for ratio in ("step_ratio", "step_min_ratio", "memory_ratio", "generate_ratio", "generate_min_ratio"):
         assert gpt2[0][ratio] == 1.0, ratio
+    # the noise-floor row is the same model again: identical bytes, and its timing ratio decides "resolved"
+    assert gpt2[1]["activation_bytes"] == gpt2[0]["activation_bytes"]
+    assert gpt2[0]["resolved"]["step_ratio"] == (abs(gpt2[1]["step_ratio"] - 1) <= 0.01)
+    # activations are also counted at dropout 0.1 (GPT2Config's default), where the dropout masks add bytes
+    assert gpt2[1]["activation_ratio_dropout_0.1"] == 1.0
+    assert gpt2[2]["activation_bytes_dropout_0.1"] > gpt2[2]["activation_bytes"]
+    gpt2 = [gpt2[0], *gpt2[2:]]
     # parameter overhead: one shared generator d -> r -> H*H with r = 64, over vanilla GPT-2 (oracle: closed form)
     d, r, heads = 64, 64, 4
     generator_parameters = d * r + r + r * heads * heads + heads * heads
@@ -151,7 +158,7 @@ def test_speed_tiny_prints_ratio_tables(tmp_path, capsys):
         assert result["activation_bytes"] > gpt2[0]["activation_bytes"]
     if bench_common.has_vit():
         vit = report["shapes"][1]["results"]
-        assert [r["row"] for r in vit] == ["MHA", "DAMCHA sequence", "DAMCHA token", "DAMCHA query"]
+        assert [r["row"] for r in vit] == ["MHA", "MHA (repeat)", "DAMCHA sequence", "DAMCHA token", "DAMCHA query"]
         assert all("generate_ratio" not in r for r in vit)
 
 
@@ -201,6 +208,84 @@ def test_quality_tiny_writes_results_and_figures(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--overwrite"):
         quality.main(["--tiny", "--synthetic", "--threads", "1", "--out-dir", str(tmp_path)])
     assert (tmp_path / "quality_tiny.json").read_text() == written
+
+
+class _FakeCuda:
+    """The four `torch.cuda` calls the GPU path uses, on a CPU: events that report fixed milliseconds, and an
+    allocator whose peak is the baseline plus what the step allocates (read from a counter the model bumps)."""
+
+    def __init__(self):
+        self.synchronized = 0
+        self.allocated = 1000
+        self.peak = 1000
+
+    def synchronize(self):
+        self.synchronized += 1
+
+    class Event:
+        recorded = []
+
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            self.at = len(_FakeCuda.Event.recorded) * 250.0  # each record 250 ms after the previous one
+            _FakeCuda.Event.recorded.append(self)
+
+        def elapsed_time(self, end):
+            return end.at - self.at
+
+    def reset_peak_memory_stats(self, device):
+        self.peak = self.allocated
+
+    def memory_allocated(self, device):
+        return self.allocated
+
+    def max_memory_allocated(self, device):
+        return self.peak
+
+
+def test_gpu_clock_and_peak_memory_paths_run_on_a_stand_in():
+    """The CUDA branch of the timer and of the memory counter, exercised on a CPU with a stand-in for torch.cuda."""
+    cuda = _FakeCuda()
+    _FakeCuda.Event.recorded = []
+    calls = []
+    clock = speed.Clock(torch.device("cuda"), cuda=cuda)
+    assert clock.time(lambda: calls.append(1)) == pytest.approx(0.25)  # events 250 ms apart -> seconds
+    assert calls == [1] and cuda.synchronized == 2
+
+    model = _Linear(6, 10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    original_forward = model.forward
+
+    def forward(x):
+        cuda.peak = cuda.allocated + 4096  # what the step's activations would take on a GPU
+        return original_forward(x)
+
+    model.forward = forward
+    peak, activations = speed.training_memory(model, optimizer, {"x": torch.randn(5, 6)}, torch.device("cuda"), cuda)
+    assert (peak, activations) == (1000 + 4096, 4096)
+    assert model.linear.weight.grad is not None  # a real training step ran
+
+
+def test_alternate_rotates_and_paired_ratio_cancels_drift():
+    order = []
+    clock = speed.Clock(torch.device("cpu"))
+    speed.alternate([lambda: order.append("a"), lambda: order.append("b"), lambda: order.append("c")], 3, clock)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    # a machine that slows down 3x over the rounds: row B is 10% slower than A in every round
+    reference = [1.0, 2.0, 3.0]
+    assert speed.paired_ratio([1.1, 2.2, 3.3], reference) == pytest.approx(1.1)
+    results = [
+        {"row": "MHA", "parameters": 10, "step_s": reference},
+        {"row": "MHA (repeat)", "parameters": 10, "step_s": [1.005, 2.01, 3.015]},
+        {"row": "DAMCHA token", "parameters": 11, "step_s": [1.1, 2.2, 3.3]},
+    ]
+    speed.summarise(results, resolution=0.01)
+    assert results[2]["step_ratio"] == pytest.approx(1.1) and results[0]["resolved"] == {"step_ratio": True}
+    results[1]["step_s"] = [1.05, 2.1, 3.15]
+    speed.summarise(results, resolution=0.01)
+    assert results[0]["resolved"] == {"step_ratio": False}
 
 
 def test_bad_arguments_are_refused():

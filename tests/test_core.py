@@ -176,3 +176,26 @@ def test_generator_saves_no_hidden_layer_for_backward():
     assert activations[0].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
     cross_head.sum().backward()
     assert x.grad is not None and metric.generators[0].fc_in.weight.grad is not None
+
+
+@pytest.mark.parametrize("context", ["token", "sequence"])
+def test_compact_saved_key_keeps_the_fused_projection_free_and_the_gradients(context):
+    """With `compact_saved_key` the mixing saves a key-sized copy, not a view that keeps a fused q/k/v projection
+    alive (3 keys' worth); the result and the gradients are those of the plain path."""
+    metric = random_metric()
+    x = torch.randn(BATCH, SEQ, HIDDEN)
+    fused = torch.randn(BATCH, SEQ, 3 * HIDDEN, requires_grad=True)  # like GPT-2's c_attn output
+    results = []
+    for compact in (False, True):
+        query, key, _ = (t.view(BATCH, SEQ, HEADS, HEAD_DIM).transpose(1, 2) for t in fused.split(HIDDEN, dim=-1))
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t) or t, lambda t: t):
+            _, mixed = cross_head_query_key(
+                query, key, x, metric, layer_idx=0, metric_context=context, compact_saved_key=compact
+            )
+        keeps_projection = any(t.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr() for t in saved)
+        assert keeps_projection != compact
+        fused.grad = None
+        (mixed * torch.arange(mixed.numel()).view_as(mixed).sin()).sum().backward()
+        results.append((mixed.detach(), fused.grad.clone()))
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)

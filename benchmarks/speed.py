@@ -74,6 +74,7 @@ def parse_args(argv=None):
     parser.add_argument("--vit-batch", type=int, help="ViT training batch (default: --batch)")
     parser.add_argument("--repeats", type=int, help="timed repeats per row (median reported; default 7)")
     parser.add_argument("--warmup", type=int, help="untimed warm-up steps per row (default 2)")
+    parser.add_argument("--gen-repeats", type=int, help="timed generation rounds (default: --repeats)")
     parser.add_argument("--gen-prompt", type=int, help="generation prompt length (default 64)")
     parser.add_argument("--gen-tokens", type=int, help="greedy new tokens per generation (default 128)")
     parser.add_argument("--gen-batch", type=int, default=1, help="generation batch (default 1)")
@@ -116,7 +117,20 @@ def parse_args(argv=None):
             setattr(args, key, value)
     if args.vit_batch is None:
         args.vit_batch = args.batch
-    for name in ("layers", "width", "heads", "batch", "repeats", "gen_tokens", "gen_prompt", "image_size", "vocab"):
+    if args.gen_repeats is None:
+        args.gen_repeats = args.repeats
+    for name in (
+        "layers",
+        "width",
+        "heads",
+        "batch",
+        "repeats",
+        "gen_repeats",
+        "gen_tokens",
+        "gen_prompt",
+        "image_size",
+        "vocab",
+    ):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if "compiled" in args.parts and "gpt2" not in args.models:
@@ -296,7 +310,7 @@ def measure(rows, batch, args, device, generation_prompt=None, memory_batch_buil
             calls = [functools.partial(generate, model) for model in models]
             for call in calls:
                 call()  # warm-up
-            for result, times in zip(results, alternate(calls, args.repeats, clock)):
+            for result, times in zip(results, alternate(calls, args.gen_repeats, clock)):
                 result["generate_s"] = times
                 result["generate_tokens_per_s"] = new_tokens / median(times)
         if "compiled" in args.parts:
@@ -315,7 +329,7 @@ def measure(rows, batch, args, device, generation_prompt=None, memory_batch_buil
                 call()  # compiles
                 results[index]["compile_s"] = time.perf_counter() - started
                 print(f"  compiled {rows[index].name} in {results[index]['compile_s']:.0f} s", flush=True)
-            for index, times in zip(compiled, alternate(calls, args.repeats, clock)):
+            for index, times in zip(compiled, alternate(calls, args.gen_repeats, clock)):
                 results[index]["compiled_generate_s"] = times
                 results[index]["compiled_generate_tokens_per_s"] = new_tokens / median(times)
 
@@ -490,8 +504,11 @@ def main(argv=None):
                 build_rows(), batch, args, device, generation_prompt=prompt,
                 memory_batch_builder=lambda dropout, build_rows=build_rows, batch=batch: (build_rows(dropout), batch),
             )  # fmt: skip
-            title = (f"GPT-2 {args.layers} layers x {args.width}, {args.heads} heads, batch {args.batch} x seq {seq}; "
-                     f"generation: batch {args.gen_batch}, prompt {args.gen_prompt}, {args.gen_tokens} new tokens")  # fmt: skip
+            title = f"GPT-2 {args.layers} layers x {args.width}, {args.heads} heads"
+            if {"train", "memory"} & set(args.parts):
+                title += f", batch {args.batch} x seq {seq}"
+            if {"generate", "compiled"} & set(args.parts):
+                title += f"; generation: batch {args.gen_batch}, prompt {args.gen_prompt}, {args.gen_tokens} new tokens"
             report["shapes"].append({"title": title, "table": print_table(title, results), "results": results})
 
     if "vit" in args.models:

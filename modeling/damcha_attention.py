@@ -295,18 +295,14 @@ def mix_keys_per_token(cross_head: torch.Tensor, key: torch.Tensor, compact_save
     return mixed.view(batch, seq, heads, head_dim).transpose(1, 2)
 
 
-def mix_keys_per_sequence(cross_head: torch.Tensor, key: torch.Tensor, compact_saved_key: bool = False) -> torch.Tensor:
-    """`K~_i = sum_j C_ij K_j` for one `C` (b, H, H) per sequence and `key` (b, H, s, d_h).
+def mix_keys_per_sequence(cross_head: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """`K~_i = sum_j C_ij K_j` for one `C` (b, H, H) per sequence and `key` (b, H, s, d_h): one `bmm` per batch.
 
-    Broadcast over the tokens of the token-major view, so that the key is never copied into a head-major layout
-    (autograd would save that copy, one more key-sized tensor per layer). `compact_saved_key` as in
-    `mix_keys_per_token`.
+    The key is flattened to `(b, H, s * d_h)`, a copy of the transposed view the projections give, and the copy is
+    what autograd keeps for backward, not the projection. Broadcasting `C` over the tokens instead would avoid the
+    copy but keep an expanded `(b * s, H, H)` copy of `C` for backward, more bytes at ViT widths.
     """
-    token_major = key.transpose(1, 2)
-    if compact_saved_key:
-        token_major = _compact_for_backward(token_major)
-    mixed = torch.matmul(cross_head.unsqueeze(1), token_major)  # (b, 1, H, H) @ (b, s, H, d_h)
-    return mixed.transpose(1, 2)
+    return (cross_head @ key.flatten(2)).view_as(key)
 
 
 def cross_head_query_key(
@@ -330,8 +326,9 @@ def cross_head_query_key(
         metric: the model's `CrossHeadMetric`.
         token_mask: `(batch, seq)`, True for real tokens and False for padding, or None (no padding). Only
             `"sequence"` uses it: its `C` comes from the mean over the real tokens.
-        compact_saved_key: `"token"` / `"sequence"` keep a compact copy of the key for backward instead of a view
-            into its projection: for attention functions that copy their inputs (`_backend_copies_its_inputs`).
+        compact_saved_key: `"token"` keeps a compact copy of the key for backward instead of a view into its
+            projection: for attention functions that copy their inputs (`_backend_copies_its_inputs`). (`"sequence"`
+            always keeps a compact copy.)
 
     Returns:
         `(query, key)`, each to be handed on as it is (the key to the KV cache). For `"token"` and `"sequence"` the
@@ -344,7 +341,7 @@ def cross_head_query_key(
         return query, mix_keys_per_token(cross_head, key, compact_saved_key)
     if metric_context == "sequence":
         cross_head = metric(masked_mean(hidden_states, token_mask), layer_idx, metric_mask)  # (b, H, H)
-        return query, mix_keys_per_sequence(cross_head, key, compact_saved_key)
+        return query, mix_keys_per_sequence(cross_head, key)
     if metric_context == "query":
         cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, t, H, H_kv)
         # expanded[b, i, t, j, :] = C_ij(x_t) * q_i[t]

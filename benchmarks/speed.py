@@ -56,7 +56,7 @@ from bench_common import (
     write_json_atomic,
 )
 
-PARTS = ("train", "memory", "generate", "compiled")
+PARTS = ("train", "memory", "generate", "decode", "compiled")
 
 
 def parse_args(argv=None):
@@ -75,6 +75,10 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, help="timed repeats per row (median reported; default 7)")
     parser.add_argument("--warmup", type=int, help="untimed warm-up steps per row (default 2)")
     parser.add_argument("--gen-repeats", type=int, help="timed generation rounds (default: --repeats)")
+    parser.add_argument(
+        "--decode-rounds", type=int, default=200,
+        help="rounds of the 'decode' part: one cached decoding step per row per round (default 200)",
+    )  # fmt: skip
     parser.add_argument("--gen-prompt", type=int, help="generation prompt length (default 64)")
     parser.add_argument("--gen-tokens", type=int, help="greedy new tokens per generation (default 128)")
     parser.add_argument("--gen-batch", type=int, default=1, help="generation batch (default 1)")
@@ -85,8 +89,10 @@ def parse_args(argv=None):
     parser.add_argument("--profile", action="store_true", help="profile one training step per row (torch.profiler)")
     parser.add_argument(
         "--parts", nargs="+", default=["train", "memory", "generate"], choices=PARTS,
-        help="what to measure (default: train memory generate); 'compiled' = static-cache generation under "
-        "torch.compile(fullgraph=True), DAMCHA and MHA both compiled (minutes of compile time per row on a CPU)",
+        help="what to measure (default: train memory generate); 'decode' = single cached greedy decoding steps at "
+        "the prompt length, many short alternating rounds (resolves small differences on a noisy machine); "
+        "'compiled' = static-cache generation under torch.compile(fullgraph=True), DAMCHA and MHA both compiled "
+        "(minutes of compile time per row on a CPU)",
     )  # fmt: skip
     parser.add_argument("--contexts", nargs="+", help="DAMCHA metric_context rows (default: all the model accepts)")
     parser.add_argument(
@@ -133,8 +139,8 @@ def parse_args(argv=None):
     ):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if "compiled" in args.parts and "gpt2" not in args.models:
-        parser.error("--parts compiled measures generation, which needs --models gpt2")
+    if {"decode", "compiled"} & set(args.parts) and "gpt2" not in args.models:
+        parser.error("--parts decode/compiled measure generation, which needs --models gpt2")
     if args.width % args.heads or args.vit_width % args.vit_heads:
         parser.error("--heads must divide --width and --vit-heads must divide --vit-width")
     return args
@@ -245,6 +251,25 @@ def with_noise_floor(rows: list) -> list:
     return [rows[0], Row("MHA (repeat)", rows[0].build, "mha"), *rows[1:]]
 
 
+def decoding_step(model, prompt: torch.Tensor):
+    """A function that runs one greedy decoding step on a KV cache holding `prompt`, then drops that step's entry from
+    the cache again, so that every call decodes at the same position: the unit of cached generation, short enough
+    to alternate between rows hundreds of times."""
+    with torch.no_grad():
+        output = model(input_ids=prompt, use_cache=True)
+    cache = output.past_key_values
+    token = output.logits[:, -1:].argmax(-1)
+
+    def step():
+        with torch.no_grad():
+            logits = model(input_ids=token, past_key_values=cache, use_cache=True).logits
+        for layer in cache.layers:
+            layer.crop(-1)
+        return logits
+
+    return step
+
+
 def compile_config(device: torch.device):
     """Static-cache decoding compiled with `fullgraph=True`; CUDA graphs on a GPU, plain inductor on a CPU."""
     from transformers import CompileConfig
@@ -291,7 +316,7 @@ def measure(rows, batch, args, device, generation_prompt=None, memory_batch_buil
                 del model
         print("  memory counted", flush=True)
 
-    generating = generation_prompt is not None and ({"generate", "compiled"} & set(args.parts))
+    generating = generation_prompt is not None and ({"generate", "decode", "compiled"} & set(args.parts))
     if generating:
         for model in models:
             model.eval()
@@ -313,6 +338,13 @@ def measure(rows, batch, args, device, generation_prompt=None, memory_batch_buil
             for result, times in zip(results, alternate(calls, args.gen_repeats, clock)):
                 result["generate_s"] = times
                 result["generate_tokens_per_s"] = new_tokens / median(times)
+        if "decode" in args.parts:
+            steps = [decoding_step(model, generation_prompt) for model in models]
+            for step in steps:
+                step()  # warm-up
+            for result, times in zip(results, alternate(steps, args.decode_rounds, clock)):
+                result["decode_s"] = times
+                result["decode_tokens_per_s"] = generation_prompt.shape[0] / median(times)
         if "compiled" in args.parts:
             # "query" and the eager-only score-mixing variants are not compiled here (static-cache "query" is its own
             # issue); every other row is, MHA included, so that the ratio compares compiled with compiled.
@@ -372,14 +404,14 @@ def summarise(results: list[dict], resolution: float) -> None:
                 suffix = key.removeprefix("activation_bytes")
                 result[f"activation_ratio{suffix}"] = result[key] / reference[key]
         result["parameter_overhead"] = result["parameters"] / reference["parameters"] - 1
-        for prefix in ("generate", "compiled_generate"):
+        for prefix in ("generate", "decode", "compiled_generate"):
             if f"{prefix}_s" in result and f"{prefix}_s" in reference:
                 # tokens/s ratio: reference time over this row's time, per round
                 result[f"{prefix}_ratio"] = paired_ratio(reference[f"{prefix}_s"], result[f"{prefix}_s"])
                 result[f"{prefix}_min_ratio"] = min(reference[f"{prefix}_s"]) / min(result[f"{prefix}_s"])
     floor = next((r for r in results if r["row"] == "MHA (repeat)"), None)
     resolved = {}
-    for ratio in ("step_ratio", "generate_ratio", "compiled_generate_ratio"):
+    for ratio in ("step_ratio", "generate_ratio", "decode_ratio", "compiled_generate_ratio"):
         if floor is not None and ratio in floor:
             resolved[ratio] = abs(floor[ratio] - 1) <= resolution
     reference["resolved"] = resolved
@@ -448,6 +480,8 @@ def print_table(title: str, results: list[dict]) -> str:
         ("gen tok/s", lambda r: f"{r['generate_tokens_per_s']:.1f}"),
         ("gen ratio (paired)", lambda r: f"{r['generate_ratio']:.3f}"),
         ("gen ratio (min)", lambda r: f"{r['generate_min_ratio']:.3f}"),
+        ("decode step ms (median)", lambda r: f"{1000 * median(r['decode_s']):.2f}"),
+        ("decode ratio (paired)", lambda r: f"{r['decode_ratio']:.3f}"),
         ("compiled gen tok/s", lambda r: f"{r['compiled_generate_tokens_per_s']:.1f}"),
         ("compiled gen ratio (paired)", lambda r: f"{r['compiled_generate_ratio']:.3f}"),
     ]
@@ -507,7 +541,7 @@ def main(argv=None):
             title = f"GPT-2 {args.layers} layers x {args.width}, {args.heads} heads"
             if {"train", "memory"} & set(args.parts):
                 title += f", batch {args.batch} x seq {seq}"
-            if {"generate", "compiled"} & set(args.parts):
+            if {"generate", "decode", "compiled"} & set(args.parts):
                 title += f"; generation: batch {args.gen_batch}, prompt {args.gen_prompt}, {args.gen_tokens} new tokens"
             report["shapes"].append({"title": title, "table": print_table(title, results), "results": results})
 
@@ -527,7 +561,7 @@ def main(argv=None):
 
             batch = image_batch(args.vit_batch, args.image_size, 1000, device, seed=0)
             parts = args.parts
-            args.parts = [p for p in parts if p not in ("generate", "compiled")]
+            args.parts = [p for p in parts if p not in ("generate", "decode", "compiled")]
             try:
                 results = measure(
                     build_vit_rows(), batch, args, device, memory_batch_builder=lambda p: (build_vit_rows(p), batch)

@@ -66,7 +66,8 @@ class MetricOutputLayer(nn.Linear):
 
 
 class _RecomputedGeneratorMLP(torch.autograd.Function):
-    """`addmm(b2, gelu(addmm(b1, z, W1^T)), W2^T)` that saves only `z` for backward and recomputes the hidden layer.
+    """`linear(gelu(linear(z, W1, b1)), W2, b2)` (2-D `z`) that saves only `z` for backward, recomputing the hidden
+    layer.
 
     Autograd would keep the hidden layer before and after the GELU (`2 r` floats per token and layer); `z` is the
     layer's normalised input, which the attention projections save anyway. The backward is autograd's own formulas
@@ -76,14 +77,14 @@ class _RecomputedGeneratorMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, fc_in_weight, fc_in_bias, fc_out_weight, fc_out_bias):
         ctx.save_for_backward(z, fc_in_weight, fc_in_bias, fc_out_weight)
-        hidden = nn.functional.gelu(torch.addmm(fc_in_bias, z, fc_in_weight.t()))
-        return torch.addmm(fc_out_bias, hidden, fc_out_weight.t())
+        hidden = nn.functional.gelu(nn.functional.linear(z, fc_in_weight, fc_in_bias))
+        return nn.functional.linear(hidden, fc_out_weight, fc_out_bias)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         z, fc_in_weight, fc_in_bias, fc_out_weight = ctx.saved_tensors
-        pre_activation = torch.addmm(fc_in_bias, z, fc_in_weight.t())
+        pre_activation = nn.functional.linear(z, fc_in_weight, fc_in_bias)
         hidden = nn.functional.gelu(pre_activation)
         grad_pre_activation = torch.ops.aten.gelu_backward(grad_output @ fc_out_weight, pre_activation)
         needs = ctx.needs_input_grad
@@ -122,9 +123,9 @@ class MetricGenerator(nn.Module):
     def offsets(self, z: torch.Tensor, flat_identity: torch.Tensor | None = None) -> torch.Tensor:
         """`G(z)`, or `I + G(z)` given the flattened identity, as (..., H, H_kv).
 
-        With plain linears and exact GELU this is two `addmm` on the flattened tokens with the identity added to the
-        output bias: batch-1 decoding on a CPU pays per operator and per Python attribute lookup, and `nn.Linear` on
-        a 3-D input adds reshapes. Anything else (e.g. a PEFT adapter on one of the linears) runs through the
+        With plain linears and exact GELU this is two 2-D `linear` (one `addmm` each) on the flattened tokens, with
+        the identity added to the output bias: batch-1 decoding on a CPU pays per operator and per Python attribute
+        lookup, and `nn.Linear` on a 3-D input adds reshapes. Anything else (e.g. a PEFT adapter on one of the linears) runs through the
         modules. When gradients are taken the hidden layer is recomputed in backward rather than saved (not under
         autocast, whose casts the explicit backward would not replay).
         """
@@ -149,8 +150,10 @@ class MetricGenerator(nn.Module):
         if torch.is_grad_enabled() and not torch.is_autocast_enabled(z.device.type):
             offsets = _RecomputedGeneratorMLP.apply(flat_z, fc_in_weight, fc_in_bias, fc_out_weight, fc_out_bias)
         else:
-            hidden = nn.functional.gelu(torch.addmm(fc_in_bias, flat_z, fc_in_weight.t()))
-            offsets = torch.addmm(fc_out_bias, hidden, fc_out_weight.t())
+            # `linear` on 2-D input is one `addmm`, with the weight's transpose taken in C++ rather than as a
+            # separate dispatch from Python.
+            hidden = nn.functional.gelu(nn.functional.linear(flat_z, fc_in_weight, fc_in_bias))
+            offsets = nn.functional.linear(hidden, fc_out_weight, fc_out_bias)
         return offsets.view(shape)
 
 

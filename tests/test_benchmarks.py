@@ -268,6 +268,27 @@ def test_gpu_clock_and_peak_memory_paths_run_on_a_stand_in():
     assert model.linear.weight.grad is not None  # a real training step ran
 
 
+def test_decoding_step_decodes_the_next_token_at_the_same_position_every_call():
+    kwargs = bench_common.gpt2_config_kwargs(2, 32, 4, 16, vocab=50)
+    model = bench_common.gpt2_rows(kwargs, metric_hidden_size=8, variants=False)[1].build().eval()
+    prompt = torch.randint(0, 50, (1, 6))
+    step = speed.decoding_step(model, prompt)
+    with torch.no_grad():
+        full = model(input_ids=prompt).logits
+        expected = model(input_ids=torch.cat([prompt, full[:, -1:].argmax(-1)], dim=1)).logits[:, -1:]
+    for _ in range(3):  # the cache is back at the prompt's length after each call
+        torch.testing.assert_close(step(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_speed_decode_part_reports_paired_decode_ratios(tmp_path):
+    report = speed.main(["--tiny", "--models", "gpt2", "--parts", "decode", "--decode-rounds", "3", "--no-variants",
+                         "--threads", "1", "--contexts", "token"])  # fmt: skip
+    results = report["shapes"][0]["results"]
+    assert [r["row"] for r in results] == ["MHA", "MHA (repeat)", "DAMCHA token"]
+    assert all(len(r["decode_s"]) == 3 and r["decode_ratio"] > 0 for r in results) and results[0]["decode_ratio"] == 1
+    assert "step_s" not in results[0] and "decode_ratio" in results[0]["resolved"]
+
+
 def test_alternate_rotates_and_paired_ratio_cancels_drift():
     order = []
     clock = speed.Clock(torch.device("cpu"))

@@ -199,3 +199,29 @@ def test_compact_saved_key_keeps_the_fused_projection_free_and_the_gradients(con
         (mixed * torch.arange(mixed.numel()).view_as(mixed).sin()).sum().backward()
         results.append((mixed.detach(), fused.grad.clone()))
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+
+
+def test_generator_with_replaced_modules_runs_them():
+    """A generator whose layers are not the plain ones (a PEFT adapter, another activation) runs its modules, not the
+    fused fast path that reads the plain weights."""
+    metric = random_metric()
+    generator = metric.generators[0]
+    generator.act = torch.nn.GELU(approximate="tanh")
+    x = torch.randn(BATCH, SEQ, HIDDEN)
+    hidden = F.gelu(x @ generator.fc_in.weight.T + generator.fc_in.bias, approximate="tanh")
+    offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).reshape(BATCH, SEQ, HEADS, HEADS)
+    torch.testing.assert_close(metric(x, 0), torch.eye(HEADS) + offsets)
+    assert not torch.allclose(metric(x, 0), oracle_cross_head(metric, x, 0, "full"), atol=1e-4)  # exact GELU differs
+
+
+def test_bf16_autocast_gradients_flow_through_the_plain_path():
+    metric = random_metric()
+    x = torch.randn(BATCH, SEQ, HIDDEN, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cross_head = metric(x, 0)
+    assert cross_head.dtype == torch.bfloat16
+    cross_head.float().sum().backward()
+    torch.testing.assert_close(
+        cross_head.float(), oracle_cross_head(metric, x.detach(), 0, "full"), rtol=0.05, atol=0.05
+    )
+    assert x.grad is not None and metric.generators[0].fc_in.weight.grad is not None

@@ -275,13 +275,6 @@ def _backend_copies_its_inputs(attn_implementation: str | None, dropout: float, 
     return attn_implementation == "sdpa" and dropout > 0 and query.device.type == "cpu"
 
 
-def _compact_for_backward(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor` itself, or a compact copy when it is a view into a larger storage (a slice of a fused projection)."""
-    if tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size():
-        return tensor.contiguous()
-    return tensor
-
-
 def mix_keys_per_token(cross_head: torch.Tensor, key: torch.Tensor, compact_saved_key: bool = False) -> torch.Tensor:
     """`K~_i[s] = sum_j C_ij[s] K_j[s]` for `C` (b, s, H, H) and `key` (b, H, s, d_h): one `bmm` over the tokens.
 
@@ -293,7 +286,9 @@ def mix_keys_per_token(cross_head: torch.Tensor, key: torch.Tensor, compact_save
     batch, heads, seq, head_dim = key.shape
     token_major = key.transpose(1, 2).reshape(batch * seq, heads, head_dim)
     if compact_saved_key:
-        token_major = _compact_for_backward(token_major)
+        # A no-op for a key that is already compact; otherwise a key-sized copy instead of a view into the projection.
+        # (A stride test, not a storage-size test: torch.compile traces strides, not storages.)
+        token_major = token_major.contiguous()
     mixed = torch.bmm(cross_head.reshape(batch * seq, heads, heads), token_major)
     return mixed.view(batch, seq, heads, head_dim).transpose(1, 2)
 

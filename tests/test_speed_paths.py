@@ -104,3 +104,24 @@ def test_compiled_static_cache_decoding_has_one_graph_and_the_eager_tokens(varia
     assert counters["stats"]["unique_graphs"] == 1
     assert counters["stats"]["calls_captured"] > 0
     assert not counters["graph_break"] and not counters["recompiles"]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])  # eager: the key mixing saves a compact key copy
+def test_compiled_training_step_is_one_graph_with_eager_gradients(attn):
+    """The recomputing generator (a custom autograd Function) and the key mixing trace with fullgraph=True."""
+    model = damcha_lm(attn=attn, metric_context="token").train()
+    ids = tokens()
+
+    def gradients(forward):
+        model.zero_grad(set_to_none=True)
+        forward(input_ids=ids).logits.square().mean().backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if "cross_head_metric" in name}
+
+    expected = gradients(model)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = gradients(torch.compile(model, fullgraph=True, backend="aot_eager"))
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert expected.keys() == compiled.keys() and len(expected) == 4
+    for name in expected:
+        torch.testing.assert_close(compiled[name], expected[name], rtol=1e-4, atol=1e-6)

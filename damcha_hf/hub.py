@@ -179,13 +179,21 @@ def parse_log_history(log_history) -> TrainingLog:
     return log
 
 
-def write_loss_curve(log_history, path: str | os.PathLike) -> bool:
-    """Training (and validation) loss against step as a PNG, written atomically; False when nothing was logged."""
-    log = parse_log_history(log_history)
-    validation = [
-        (entry["step"], entry["loss"]) for entry in log.eval_entries if "loss" in entry and is_number(entry["step"])
-    ]
-    if not log.train_losses and not validation:
+def write_loss_curve(
+    log_history, path: str | os.PathLike, *, baselines: Mapping[str, object] | None = None, name: str = "this model"
+) -> bool:
+    """Training (and validation) loss against step as a PNG, written atomically; False when nothing was logged.
+
+    `baselines`: `{"MHA": log_history, ...}` of models trained alongside, drawn in the same axes (dashed), with
+    `name` labelling this model's curves."""
+    curves = []
+    for label, history in [(name, log_history), *(baselines or {}).items()]:
+        log = parse_log_history(history)
+        validation = [
+            (entry["step"], entry["loss"]) for entry in log.eval_entries if "loss" in entry and is_number(entry["step"])
+        ]
+        curves.append((label, log.train_losses, validation))
+    if not curves[0][1] and not curves[0][2]:
         return False
     import matplotlib
 
@@ -193,10 +201,13 @@ def write_loss_curve(log_history, path: str | os.PathLike) -> bool:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 3.6))
-    if log.train_losses:
-        axis.plot(*zip(*log.train_losses), label="training loss")
-    if validation:
-        axis.plot(*zip(*validation), marker="o", label="validation loss")
+    for index, (label, train_losses, validation) in enumerate(curves):
+        prefix = f"{label}: " if baselines else ""
+        style = {"color": f"C{index}", "linestyle": "-" if index == 0 else "--"}
+        if train_losses:
+            axis.plot(*zip(*train_losses), label=f"{prefix}training loss", alpha=0.6, **style)
+        if validation:
+            axis.plot(*zip(*validation), marker="o", label=f"{prefix}validation loss", **style)
     axis.set_xlabel("step")
     axis.set_ylabel("loss")
     axis.grid(alpha=0.3)
@@ -232,7 +243,8 @@ def resolve_eval_results(model, log: TrainingLog | None, eval_results: Mapping[s
     else:
         results = dict(log.final_eval) if log else {}
     pipeline_tag, _ = pipeline_tag_and_auto_class(model)
-    if pipeline_tag == "text-generation" and "loss" in results and "perplexity" not in results and results["loss"] < 50:
+    named = any("perplexity" in name for name in results)  # e.g. a per-byte perplexity given by the caller
+    if pipeline_tag == "text-generation" and "loss" in results and not named and results["loss"] < 50:
         results["perplexity"] = math.exp(results["loss"])
     return results
 
@@ -258,6 +270,9 @@ def build_model_card(
     model_name: str | None = None,
     repo_id: str = REPO_PLACEHOLDER,
     has_preprocessor: bool = True,
+    log_source: str = "the `Trainer` log history",
+    comparison: Mapping[str, Mapping[str, float]] | None = None,
+    notes: Sequence[str] = (),
 ) -> ModelCard:
     """A Hub model card for a DAMCHA model.
 
@@ -272,6 +287,10 @@ def build_model_card(
             `save_hub_checkpoint` writes both and fills this in.
         metric_map: the `MetricMap` behind the heatmap, for the per-layer off-diagonal mass table.
         repo_id: used in the loading snippets; `push_checkpoint` replaces the placeholder with the real id.
+        log_source: what `log_history` is, for the training section (e.g. "the demo's training loop").
+        comparison: `{"MHA baseline": {"bits_per_byte": 2.1}, ...}`: models trained the same way, shown in a table
+            beside this model's `eval_results` (never as this model's metrics).
+        notes: sentences added to the limitations.
     """
     images = dict(images or {})
     for kind, relative in images.items():
@@ -369,9 +388,11 @@ def build_model_card(
     ]
     if "metric_heatmap" in images or metric_map is not None:
         sections.append(metric_section(images.get("metric_heatmap"), metric_map))
-    sections.append(training_section(log, images.get("loss_curve")))
+    sections.append(training_section(log, images.get("loss_curve"), log_source))
     sections.append(evaluation_section(results, eval_dataset if datasets else None, from_log=eval_results is None))
-    sections.append(LIMITATIONS)
+    if comparison:
+        sections.append(comparison_section(model_name, results, comparison))
+    sections.append(LIMITATIONS + "".join(f"\n- {note}" for note in notes))
     sections.append(
         "## Citation\n\nThe authors of the DAMCHA paper are not recorded in this card (we did not have the author "
         "list when it was written); please complete the entry from the paper before citing it.\n\n"
@@ -433,7 +454,7 @@ def metric_section(image: str | None, metric_map: MetricMap | None) -> str:
 MAX_RESULT_ROWS = 25
 
 
-def training_section(log: TrainingLog | None, loss_curve: str | None) -> str:
+def training_section(log: TrainingLog | None, loss_curve: str | None, source: str = "the `Trainer` log history") -> str:
     if log is None:
         return "## Training details\n\nNo training log was recorded with this checkpoint."
     facts = []
@@ -449,7 +470,7 @@ def training_section(log: TrainingLog | None, loss_curve: str | None) -> str:
         facts.append(f"- mean training loss: {log.summary['train_loss']:.4f}")
     if is_number(log.summary.get("train_runtime")):
         facts.append(f"- training time: {log.summary['train_runtime'] / 60:.1f} min")
-    text = "## Training details\n\nFrom the `Trainer` log history:\n\n" + "\n".join(facts)
+    text = f"## Training details\n\nFrom {source}:\n\n" + "\n".join(facts)
     if loss_curve:
         text += f"\n\n![Training and validation loss]({loss_curve})"
     rows = results_rows(log)
@@ -494,6 +515,23 @@ def evaluation_section(results: Mapping[str, float], dataset: str | None, from_l
     )
 
 
+def comparison_section(
+    model_name: str, results: Mapping[str, float], comparison: Mapping[str, Mapping[str, float]]
+) -> str:
+    """This model's results beside those of models trained the same way (e.g. the MHA baseline)."""
+    names = list(dict.fromkeys(name for row in [results, *comparison.values()] for name in row))
+    rows = [[f"{model_name} (this model)"] + [format_metric(results.get(name)) for name in names]]
+    rows += [[label] + [format_metric(row.get(name)) for name in names] for label, row in comparison.items()]
+    return (
+        "## Comparison\n\nThe same data, steps, batches and starting weights; only the attention differs:\n\n"
+        + markdown_table(["model", *names], rows)
+    )
+
+
+def format_metric(value) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
 LIMITATIONS = """## Limitations
 
 - DAMCHA's published gains are small on several benchmarks and reported as single runs; the damcha-hf authors'
@@ -524,6 +562,8 @@ def save_hub_checkpoint(
     model_name: str | None = None,
     overwrite: bool = False,
     extra_files: Mapping[str, str | bytes] | None = None,
+    baseline_log_histories: Mapping[str, object] | None = None,
+    **card_fields,
 ) -> Path:
     """Write a complete Hub checkpoint of `model` into `folder`, atomically, and return `folder`.
 
@@ -543,6 +583,8 @@ def save_hub_checkpoint(
             (an `OSError`) is raised before anything is written. Use a subfolder such as `output_dir/"hub"`.
         extra_files: `{file name: text or bytes}` written beside the checkpoint in the same atomic step (e.g. a
             run's results); they count as files the save writes when the folder is replaced later.
+        baseline_log_histories: `{"MHA": log_history}` of models trained alongside: drawn in the loss curve too.
+        card_fields: `log_source`, `comparison`, `notes` of `build_model_card`.
 
     Everything is written into a temporary folder beside `folder` and renamed into place, so `folder` is never
     left half-written.
@@ -570,7 +612,9 @@ def save_hub_checkpoint(
         if tokenizer_or_processor is not None:
             tokenizer_or_processor.save_pretrained(staging)
         images = {}
-        if log_history is not None and write_loss_curve(log_history, staging / LOSS_CURVE_FILE):
+        if log_history is not None and write_loss_curve(
+            log_history, staging / LOSS_CURVE_FILE, baselines=baseline_log_histories, name=model_name or "this model"
+        ):
             images["loss_curve"] = LOSS_CURVE_FILE
         metric_map = None
         if metric_heatmap and cross_head_variant(model) == "damcha":  # the baselines have no cross-head metric C
@@ -590,6 +634,7 @@ def save_hub_checkpoint(
             metric_map=metric_map,
             model_name=model_name,
             has_preprocessor=tokenizer_or_processor is not None,
+            **card_fields,
         )
         atomic_write(staging / CARD_FILE, str(card))
         for name, content in extra_files.items():

@@ -31,9 +31,9 @@ options = light_import("damcha_hf.modeling.damcha_options")
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 # What a recipe writes directly in --output-dir: Trainer / Accelerate checkpoints, the final model, the results.
 RUN_SETTINGS_FILE = "run_settings.json"  # the model settings of a run whose checkpoints do not hold its config
-RUN_FOLDER_ENTRIES = ("checkpoint-*", "final", "eval_results.json", "adapter", "merged", "parameter_sha256_rank*.txt",
-                      RUN_SETTINGS_FILE)  # fmt: skip
-RUN_FOLDER_CHECKPOINTS = ("final", "merged")  # replaced as a whole by the final save
+RUN_FOLDER_ENTRIES = ("checkpoint-*", "final", "eval_results.json", "adapter", "merged", "base",
+                      "parameter_sha256_rank*.txt", RUN_SETTINGS_FILE)  # fmt: skip
+RUN_FOLDER_CHECKPOINTS = ("final", "merged", "base")  # replaced as a whole by the final save
 
 
 def add_metric_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,6 +16,13 @@ targets: GPT-2 `c_attn`, `c_proj`, `c_fc`; Llama `q_proj`, `k_proj`, `v_proj`, `
 `down_proj`; ViT `q_proj`, `k_proj`, `v_proj`, `o_proj`, `fc1`, `fc2` (the ViT classifier is trained in full too,
 since a new dataset needs a new head). The adapter goes to `<output-dir>/adapter`; with `--merge` the LoRA weights are merged
 and `<output-dir>/merged` is a plain DAMCHA checkpoint (no PEFT needed to load it).
+
+A language model's adapter reloads with plain PEFT: the DAMCHA model LoRA was trained on (the converted base, with its
+model code) is saved to `<output-dir>/base`, the adapter's `base_model_name_or_path` points at it (an absolute path:
+edit it in `adapter_config.json` if you move the folders), and the adapter's README.md says how:
+
+    from peft import AutoPeftModelForCausalLM
+    model = AutoPeftModelForCausalLM.from_pretrained("runs/lora-.../adapter", trust_remote_code=True)
 """
 
 import argparse
@@ -139,6 +146,7 @@ def main(argv=None) -> dict:
         train, validation = common.language_model_data(args, tokenizer, corpus)
         model = build_model(args, config, family)
         check_tokenizer_matches_model(tokenizer, model.config)
+        common.use_causal_lm_loss(model)
         processing, collator = tokenizer, DataCollatorForLanguageModeling(tokenizer, mlm=False)
         metrics_kwargs = {"compute_metrics": causal_lm_compute_metrics(tokenizer),
                           "preprocess_logits_for_metrics": causal_lm_token_nll}  # fmt: skip
@@ -155,7 +163,17 @@ def main(argv=None) -> dict:
         model = build_model(args, config, family, len(labels), labels)
         collator, metrics_kwargs = common.image_collate, {"compute_metrics": accuracy_compute_metrics()}
 
+    # The DAMCHA model LoRA trains on, saved before PEFT wraps its modules: the adapter's base (`AutoPeftModel...`).
+    base_folder = os.path.join(args.output_dir, "base")
+    if not resume or not os.path.isfile(os.path.join(base_folder, "config.json")):
+        from damcha_hf.hub import save_hub_checkpoint
+
+        save_hub_checkpoint(model, base_folder, tokenizer_or_processor=processing, metric_heatmap=False,
+                            overwrite=True, model_name=f"damcha-{family.model_type}-lora-base")  # fmt: skip
     lora_config = LoraConfig(
+        # CAUSAL_LM lets `AutoPeftModelForCausalLM` load the adapter through transformers' Auto classes (without a
+        # task type PEFT would import the model class's own module, which its import allowlist refuses).
+        task_type=None if family.vision else "CAUSAL_LM",
         r=args.lora_rank,
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
@@ -187,8 +205,10 @@ def main(argv=None) -> dict:
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, trainable_parameters=trainable)
 
     adapter = os.path.join(args.output_dir, "adapter")
+    peft_model.peft_config["default"].base_model_name_or_path = os.path.abspath(base_folder)
     peft_model.save_pretrained(adapter)
     processing.save_pretrained(adapter)
+    common.safe_files.atomic_write(os.path.join(adapter, "README.md"), adapter_card(args, family, trainable))
     if args.merge:
         merged = peft_model.merge_and_unload()
         common.save_final_model(merged, os.path.join(args.output_dir, "merged"), tokenizer_or_processor=processing,
@@ -196,6 +216,43 @@ def main(argv=None) -> dict:
     common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
     print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
     return metrics
+
+
+ADAPTER_PLACEHOLDER = "path/to/adapter"
+
+
+def adapter_card(args, family, trainable: list[str]) -> str:
+    """The adapter's README.md (PEFT's own is an empty template): what it holds and how to load it."""
+    generator = "frozen" if args.freeze_generator else "trained in full (PEFT `modules_to_save`)"
+    lines = [
+        "---", "library_name: peft", "tags:", "- damcha", "- lora", f"- {family.model_type}", "---", "",
+        f"# LoRA adapter for a DAMCHA {family.display_name} model", "",
+        f"LoRA (rank {args.lora_rank}, alpha {args.lora_alpha:g}) on `{'`, `'.join(family.lora_target_modules)}`; "
+        f"the cross-head modules {generator}; {len(trainable)} trainable tensors. Trained for {args.max_steps} steps "
+        "with `recipes/finetune_lora.py` of damcha-hf.", "",
+        "## How to load", "",
+    ]  # fmt: skip
+    if family.vision:
+        lines += [
+            "Load the base DAMCHA model (`../base` of the run folder) and attach the adapter:", "",
+            "```python", "import damcha_hf  # registers the DAMCHA classes", "from peft import PeftModel",
+            "from transformers import AutoModelForImageClassification", "",
+            'base = AutoModelForImageClassification.from_pretrained("path/to/base")',
+            f'model = PeftModel.from_pretrained(base, "{ADAPTER_PLACEHOLDER}")', "```",
+        ]  # fmt: skip
+        return "\n".join(lines) + "\n"
+    lines += [
+        "With plain PEFT, in any process (the damcha-hf plugin is not needed: the base checkpoint carries the model "
+        "code, which `trust_remote_code=True` lets transformers run; read it first). `base_model_name_or_path` in "
+        "`adapter_config.json` is the absolute path of the DAMCHA base model saved beside the adapter (`../base`); "
+        "edit it if you move the folders.", "",
+        "```python", "from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer", "",
+        f'model = AutoPeftModelForCausalLM.from_pretrained("{ADAPTER_PLACEHOLDER}", trust_remote_code=True)',
+        f'tokenizer = AutoTokenizer.from_pretrained("{ADAPTER_PLACEHOLDER}", trust_remote_code=True)',
+        "merged = model.merge_and_unload()  # a plain DAMCHA model", "```", "",
+        "With the plugin installed, `trust_remote_code` is not needed (`import damcha_hf` registers the classes).",
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def load_adapter(base: str, adapter: str, **metric_options):

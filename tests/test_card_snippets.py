@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import tiny_damcha_gpt2_config, tiny_damcha_vit_config
 
 import damcha_hf
@@ -103,3 +104,49 @@ def test_every_card_snippet_runs_non_interactively_as_written(checkpoints, tmp_p
 
     printed = run_snippets(with_plugin, tmp_path / "with", plugin=True)
     assert printed.count(" OK ") == len(with_plugin) and "DamchaGPT2LMHeadModel" in printed
+
+
+def test_a_lora_adapter_reloads_with_plain_peft_without_the_plugin(tmp_path):
+    """`AutoPeftModelForCausalLM.from_pretrained(adapter, trust_remote_code=True)`, as the adapter's card says, gives
+    the trained model: the same logits as the merged checkpoint the recipe writes."""
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+    spec = importlib.util.spec_from_file_location("snippets_finetune_lora", REPO_ROOT / "recipes" / "finetune_lora.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    tokenizer = byte_level_tokenizer()
+    base = tmp_path / "gpt2"
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=32, n_embd=32, n_layer=1, n_head=4)
+    GPT2LMHeadModel(config).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {index} of a small corpus for the adapter\n" for index in range(200)))
+    run = tmp_path / "run"
+    recipe.main(["--base", str(base), "--data", str(corpus), "--output-dir", str(run), "--max-steps", "3",
+                 "--block-size", "32", "--batch-size", "4", "--metric-hidden-size", "8", "--learning-rate", "1e-2",
+                 "--max-eval-samples", "4", "--num-threads", "1", "--merge"])  # fmt: skip
+    adapter = run / "adapter"
+    card = (adapter / "README.md").read_text()
+    assert "AutoPeftModelForCausalLM" in card and "[More Information Needed]" not in card
+
+    input_ids = torch.tensor([tokenizer("line 7 of a small")["input_ids"]])
+    merged = AutoModelForCausalLM.from_pretrained(run / "merged").eval()
+    with torch.no_grad():
+        expected = merged(input_ids=input_ids).logits
+    torch.save(input_ids, tmp_path / "input_ids.pt")
+    snippets = [block.replace(recipe.ADAPTER_PLACEHOLDER, str(adapter)) for block in PYTHON_BLOCK.findall(card)]
+    assert len(snippets) == 1
+    check = textwrap.dedent(
+        f"""
+        import torch
+        with torch.no_grad():
+            logits = model.eval()(input_ids=torch.load({str(tmp_path / "input_ids.pt")!r})).logits
+        torch.save(logits, {str(tmp_path / "logits.pt")!r})
+        print(type(model.get_base_model()).__module__)
+        """
+    )
+    printed = run_snippets([snippets[0] + check], tmp_path / "without", plugin=False)
+    assert "transformers_modules" in printed  # the base model's class came from its own code, not the plugin
+    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected, rtol=1e-4, atol=1e-5)

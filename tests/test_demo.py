@@ -27,7 +27,8 @@ def test_demo_tiny_run_writes_a_loadable_checkpoint(tmp_path, capsys):
         "--learning-rate", "3e-3", "--num-threads", "1",
     ])  # fmt: skip
     assert exit_code == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "DAMCHA" in printed and "MHA" in printed and "bits per byte" in printed
 
     report = json.loads((output / "demo_results.json").read_text())
@@ -53,6 +54,19 @@ def test_demo_tiny_run_writes_a_loadable_checkpoint(tmp_path, capsys):
         ids = torch.tensor([list(b"def function_1(x):\n")])
         loss = model(input_ids=ids, labels=ids).loss.item()
     assert loss / math.log(2) < 8.0
+
+    # The card compares the two models; the baseline's numbers are not listed as this model's metrics.
+    card = (output / "README.md").read_text()
+    front_matter, body = card.split("\n---\n", 1)
+    assert "mha" not in front_matter.lower() and "perplexity_per_byte" in front_matter
+    comparison = body.split("## Comparison", 1)[1].split("\n## ", 1)[0]
+    for label, name in (("damcha-demo (this model)", "DAMCHA"), ("MHA baseline", "MHA")):
+        row = next(line for line in comparison.splitlines() if line.startswith(f"| {label}"))
+        assert f"{report['results'][name]['eval_bits_per_byte']:.4f}" in row
+    assert "demo's training loop" in body and "`Trainer` log history" not in body
+    assert "pip install damcha-hf" not in card
+    assert "not expected to read as code" in body and "does not read as code" in printed
+    assert "Downloading data" not in captured.err and "loss_type=None" not in captured.err
 
 
 @pytest.mark.slow

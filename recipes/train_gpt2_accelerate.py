@@ -27,6 +27,7 @@ a different value is refused (naming every such flag).
 import argparse
 import hashlib
 import json
+import logging
 import math
 import os
 import sys
@@ -163,6 +164,14 @@ def main(argv=None) -> dict:
         accelerator.print(f"resumed from {resume} at step {step}")
 
     eval_steps, save_steps = common.evaluation_schedule(args)  # a quick run evaluates and saves at the end only
+    from tqdm.auto import tqdm
+
+    progress = tqdm(total=args.max_steps, initial=step, desc="training", disable=not accelerator.is_local_main_process)
+
+    def report(entry: dict) -> None:
+        if accelerator.is_local_main_process:
+            progress.write(str(entry))
+
     steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     model.train()
     running_loss, running_count = 0.0, 0
@@ -184,6 +193,7 @@ def main(argv=None) -> dict:
             if not accelerator.sync_gradients:
                 continue
             step += 1
+            progress.update(1)
             if step % args.logging_steps == 0 or step == args.max_steps:
                 entry = {
                     "step": step,
@@ -191,17 +201,21 @@ def main(argv=None) -> dict:
                     "learning_rate": scheduler.get_last_lr()[0],
                 }
                 log_history.append(entry)
-                accelerator.print(entry)
+                report(entry)
+                progress.set_postfix(loss=f"{entry['loss']:.3f}")
                 running_loss, running_count = 0.0, 0
             if (eval_steps and step % eval_steps == 0) or step == args.max_steps:
                 entry = {"step": step, **evaluate(model, eval_loader, accelerator, byte_lengths)}
                 log_history.append(entry)
-                accelerator.print(entry)
+                report(entry)
             if step % save_steps == 0 or step == args.max_steps:
                 save_checkpoint(accelerator, tokenizer, args.output_dir, step, log_history, model_config)
+                if accelerator.is_main_process:
+                    remove_old_checkpoints(args.output_dir, args.save_total_limit)
             if step >= args.max_steps:
                 break
 
+    progress.close()
     results = evaluate(model, eval_loader, accelerator, byte_lengths)
     results.update(global_step=step, resumed_from=resume, num_processes=accelerator.num_processes)
     checksum = parameter_sha256(accelerator.unwrap_model(model))
@@ -223,12 +237,37 @@ def main(argv=None) -> dict:
                                     datasets=datasets)  # fmt: skip
         common.write_json(os.path.join(args.output_dir, "eval_results.json"), results)
         print(results)
+        common.push_final_model(args, final)
     accelerator.end_training()
     return results
 
 
+class TiedWeightsNotice(logging.Filter):
+    """Drops Accelerate's "Removed shared tensor {'lm_head.weight'} while saving" line, printed at every save: GPT-2's
+    output layer is tied to the token embedding, so safetensors stores it once and loading ties it again."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Removed shared tensor {'lm_head.weight'}" not in record.getMessage()  # after a [RANK n] prefix
+
+
+def remove_old_checkpoints(output_dir: str, limit: int) -> None:
+    """--save-total-limit: delete the oldest `checkpoint-N` folders this recipe wrote (they hold its loop state)
+    beyond the newest `limit`."""
+    import shutil
+
+    saved = []
+    for name in os.listdir(output_dir):
+        prefix, _, number = name.partition("-")
+        folder = os.path.join(output_dir, name)
+        if prefix == "checkpoint" and number.isdigit() and os.path.isfile(os.path.join(folder, STATE_FILE)):
+            saved.append((int(number), folder))
+    for _, folder in sorted(saved)[:-limit]:
+        shutil.rmtree(folder)
+
+
 def save_checkpoint(accelerator, tokenizer, output_dir: str, step: int, log_history: list, model_config: dict) -> None:
     folder = os.path.join(output_dir, f"checkpoint-{step}")
+    logging.getLogger("accelerate.utils.other").addFilter(TiedWeightsNotice())
     accelerator.save_state(folder)
     if accelerator.is_main_process:
         tokenizer.save_pretrained(folder)

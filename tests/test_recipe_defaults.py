@@ -120,3 +120,19 @@ def test_info_names_the_saved_class_and_never_waits_for_the_network(tmp_path, ca
         cli_main(["info", "gpt2"])
     assert exit_info.value.code == 2 and time.perf_counter() - started < 30  # no network wait
     assert "offline" in capsys.readouterr().err
+
+
+def test_accelerate_recipe_keeps_save_total_limit_checkpoints_quietly_with_a_progress_bar(tmp_path, corpus):
+    import os
+    import subprocess
+    import sys
+
+    output = tmp_path / "accelerate"
+    command = [sys.executable, str(RECIPES / "train_gpt2_accelerate.py"), "--data", corpus, *TINY_GPT2_ARGS,
+               "--max-steps", "4", "--save-steps", "1", "--save-total-limit", "2", "--output-dir", str(output)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    completed = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300, env=env)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert sorted(path.name for path in output.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]
+    assert "Removed shared tensor" not in completed.stdout + completed.stderr
+    assert re.search(r"training: 100%\|.*\| 4/4", completed.stderr), completed.stderr[-2000:]

@@ -78,7 +78,8 @@ def add_training_arguments(
     group.add_argument(
         "--output-dir",
         default=None,
-        help=f"checkpoints and the final model (default: {output_dir}, named after the run's settings): a new or "
+        help=f"checkpoints and the final model (default: {output_dir.replace('{settings}', 'SETTINGS')}, named after "
+        "the run's settings, e.g. runs/damcha_gpt2-stdlib-byte): a new or "
         "empty folder; an earlier run's folder needs --overwrite-output-dir (or --resume); a folder holding other "
         "files is refused",
     )
@@ -90,7 +91,8 @@ def add_training_arguments(
     group.add_argument("--max-train-samples", type=checks.positive_int,
                        help="use only this many training examples (blocks/images)")  # fmt: skip
     group.add_argument("--max-eval-samples", type=checks.positive_int, default=max_eval_samples,
-                       help="evaluate on at most this many blocks/images")  # fmt: skip
+                       help="evaluate on at most this many blocks/images (a run under 100 steps: at most 64 "
+                       "unless given)")  # fmt: skip
     group.add_argument("--batch-size", type=checks.positive_int, default=batch_size, help="per device")
     group.add_argument("--gradient-accumulation-steps", type=checks.positive_int, default=1)
     group.add_argument("--learning-rate", type=checks.positive_float, default=learning_rate, help="peak")
@@ -128,8 +130,10 @@ def add_training_arguments(
     group.add_argument("--debug", action="store_true", help="on an error, show the traceback, not one line")
 
 
-# A run with fewer steps is a smoke test: one evaluation and one checkpoint, at the end.
+# A run with fewer steps is a smoke test: one evaluation (of at most QUICK_RUN_EVAL_SAMPLES, unless
+# --max-eval-samples is given) and one checkpoint, at the end.
 QUICK_RUN_STEPS = 100
+QUICK_RUN_EVAL_SAMPLES = 64
 
 
 def run_folder_name(*parts) -> str:
@@ -153,6 +157,8 @@ def parse_checked(parser: argparse.ArgumentParser, argv=None, *, run_name=None) 
     and `args.explicit` records the flags given on the command line (for `check_resume_settings`)."""
     args = parser.parse_args(argv)
     args.explicit = explicit_destinations(parser, argv)
+    if args.max_steps < QUICK_RUN_STEPS and "max_eval_samples" not in args.explicit:
+        args.max_eval_samples = min(args.max_eval_samples, QUICK_RUN_EVAL_SAMPLES)  # a smoke test: a small check
     if args.output_dir is None:
         args.output_dir = args.output_dir_pattern.format(settings=run_name(args) if run_name else "run")
     if getattr(args, "resume", None) not in (None, "latest") and not os.path.isdir(args.resume):

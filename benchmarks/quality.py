@@ -805,7 +805,8 @@ METRIC_FORMAT = {  # metric -> (label, scale, digits)
 
 def tables(report: dict) -> str:
     out = []
-    seeds = report["args"]["seeds"]
+    # the seeds that finished (a partial report lists more in its arguments than it has records for)
+    seeds = sorted({r["seed"] for rows in report["results"].values() for records in rows.values() for r in records})
     upcycle = report["args"].get("upcycle")
     summaries = report["summary"]
     if "lm" in summaries:

@@ -7,7 +7,6 @@ plugin are still being written: the ViT rows appear once `damcha_hf.DamchaViTCon
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -26,6 +25,7 @@ from transformers import (
 )
 
 import damcha_hf
+from damcha_hf.safe_files import write_json
 
 GPT2_CONTEXTS = ("token", "query")  # "sequence" is refused by causal models (it would leak future tokens)
 LLAMA_CONTEXTS = ("token", "query")
@@ -286,18 +286,7 @@ def median(values):
 
 def write_json_atomic(path: str, payload) -> None:
     """Write to a temporary file in the same folder and rename, so no half-written file is ever left."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as file:
-            json.dump(payload, file, indent=2)
-            file.write("\n")
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    write_json(path, payload, indent=2)
 
 
 def save_figure_atomic(figure, path: str) -> None:

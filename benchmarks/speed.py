@@ -1,6 +1,6 @@
 """Speed, memory and parameter cost of DAMCHA against vanilla transformers models, measured as ratios in one process.
 
-For each shape (GPT-2 small and, once `damcha_hf` has ViT, ViT-S/16) every row (MHA, a second MHA model as the
+For each shape (GPT-2 small, Llama at TinyLlama-1.1B widths with few layers, ViT-S/16) every row (MHA, a second MHA model as the
 noise floor, each DAMCHA `metric_context`, the baseline variants when the configs offer `cross_head_variant`) is built
 once; then the rows take turns: after warm-up, each round runs one training step (forward + backward + AdamW step)
 of every row, in an order that rotates from round to round, so that a slow spell of a shared machine hits every row
@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_common import (
     GPT2_CONTEXTS,
+    LLAMA_CONTEXTS,
     VIT_CONTEXTS,
     Row,
     count_parameters,
@@ -49,6 +50,8 @@ from bench_common import (
     gpt2_config_kwargs,
     gpt2_rows,
     has_vit,
+    llama_config_kwargs,
+    llama_rows,
     median,
     set_up_device,
     vit_config_kwargs,
@@ -84,7 +87,12 @@ def parse_args(argv=None):
     parser.add_argument("--gen-batch", type=int, default=1, help="generation batch (default 1)")
     parser.add_argument("--vocab", type=int, help="GPT-2 vocabulary (default 50257)")
     parser.add_argument("--metric-hidden-size", type=int, default=64)
-    parser.add_argument("--models", nargs="+", default=["gpt2", "vit"], choices=["gpt2", "vit"])
+    parser.add_argument("--models", nargs="+", default=["gpt2", "llama", "vit"], choices=["gpt2", "llama", "vit"])
+    parser.add_argument(
+        "--llama-layers", type=int,
+        help="Llama layers at TinyLlama-1.1B widths (2048 wide, 32 query / 4 key-value heads, MLP 5632, vocabulary "
+        "32000; default 2: the full 22 layers is a GPU shape)",
+    )  # fmt: skip
     parser.add_argument("--no-variants", action="store_true", help="skip the cross_head_variant baseline rows")
     parser.add_argument("--profile", action="store_true", help="profile one training step per row (torch.profiler)")
     parser.add_argument(
@@ -113,14 +121,21 @@ def parse_args(argv=None):
 
     preset = {"layers": 12, "width": 768, "heads": 12, "vit_width": 384, "vit_heads": 6, "image_size": 224, "seq": [512, 1024],
                   "batch": 4, "repeats": 7, "warmup": 2, "gen_prompt": 64, "gen_tokens": 128, "vocab": 50257}  # fmt: skip
+    llama_preset = {"llama_layers": 2}
     if args.quick:
         preset.update(layers=2, seq=[256], batch=1, repeats=3, warmup=1, gen_prompt=16, gen_tokens=16)
     if args.tiny:
+        llama_preset = {"llama_layers": 1, "llama_width": 64, "llama_heads": 8, "llama_kv_heads": 2,
+                        "llama_intermediate": 128, "llama_vocab": 512}  # fmt: skip
         preset.update(layers=1, width=64, heads=4, vit_width=64, vit_heads=4, image_size=32, seq=[32], batch=1,
                       repeats=2, warmup=1, gen_prompt=4, gen_tokens=4, vocab=512)  # fmt: skip
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    args.llama_layers = args.llama_layers or llama_preset["llama_layers"]
+    args.llama_shape = {
+        key.removeprefix("llama_"): value for key, value in llama_preset.items() if key != "llama_layers"
+    }
     if args.vit_batch is None:
         args.vit_batch = args.batch
     if args.gen_repeats is None:
@@ -139,8 +154,10 @@ def parse_args(argv=None):
     ):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if {"decode", "compiled"} & set(args.parts) and "gpt2" not in args.models:
-        parser.error("--parts decode/compiled measure generation, which needs --models gpt2")
+    if {"decode", "compiled"} & set(args.parts) and not {"gpt2", "llama"} & set(args.models):
+        parser.error("--parts decode/compiled measure generation, which needs --models gpt2 or llama")
+    if args.llama_layers <= 0:
+        parser.error(f"--llama-layers must be positive, got {args.llama_layers}")
     if args.width % args.heads or args.vit_width % args.vit_heads:
         parser.error("--heads must divide --width and --vit-heads must divide --vit-width")
     return args
@@ -539,6 +556,31 @@ def main(argv=None):
                 memory_batch_builder=lambda dropout, build_rows=build_rows, batch=batch: (build_rows(dropout), batch),
             )  # fmt: skip
             title = f"GPT-2 {args.layers} layers x {args.width}, {args.heads} heads"
+            if {"train", "memory"} & set(args.parts):
+                title += f", batch {args.batch} x seq {seq}"
+            if {"generate", "decode", "compiled"} & set(args.parts):
+                title += f"; generation: batch {args.gen_batch}, prompt {args.gen_prompt}, {args.gen_tokens} new tokens"
+            report["shapes"].append({"title": title, "table": print_table(title, results), "results": results})
+
+    if "llama" in args.models:
+        shape = {"width": 2048, "heads": 32, "kv_heads": 4, "intermediate": 5632, "vocab": 32000, **args.llama_shape}
+        for seq in args.seq:
+            kwargs = llama_config_kwargs(args.llama_layers, max(seq, args.gen_prompt + args.gen_tokens), **shape)
+            contexts = [c for c in (args.contexts or LLAMA_CONTEXTS) if c in LLAMA_CONTEXTS]
+
+            def build_llama_rows(dropout=0.0, kwargs=kwargs, contexts=contexts):
+                rows = llama_rows({**kwargs, "attention_dropout": dropout}, contexts=contexts,
+                                  metric_hidden_size=args.metric_hidden_size)  # fmt: skip
+                return with_noise_floor(rows)
+
+            batch = lm_batch(args.batch, seq, shape["vocab"], device, seed=seq)
+            prompt = lm_batch(args.gen_batch, args.gen_prompt, shape["vocab"], device, seed=1)["input_ids"]
+            results = measure(
+                build_llama_rows(), batch, args, device, generation_prompt=prompt,
+                memory_batch_builder=lambda dropout, build=build_llama_rows, batch=batch: (build(dropout), batch),
+            )  # fmt: skip
+            title = (f"Llama (TinyLlama widths) {args.llama_layers} layers x {shape['width']}, {shape['heads']} query / "
+                     f"{shape['kv_heads']} key-value heads")  # fmt: skip
             if {"train", "memory"} & set(args.parts):
                 title += f", batch {args.batch} x seq {seq}"
             if {"generate", "decode", "compiled"} & set(args.parts):

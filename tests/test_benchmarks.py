@@ -156,10 +156,18 @@ def test_speed_tiny_prints_ratio_tables(tmp_path, capsys):
         assert result["generate_tokens_per_s"] > 0
         # DAMCHA saves what MHA saves plus its mixing inputs
         assert result["activation_bytes"] > gpt2[0]["activation_bytes"]
-    if bench_common.has_vit():
-        vit = report["shapes"][1]["results"]
-        assert [r["row"] for r in vit] == ["MHA", "MHA (repeat)", "DAMCHA sequence", "DAMCHA token", "DAMCHA query"]
-        assert all("generate_ratio" not in r for r in vit)
+    shapes = {shape["title"].split()[0]: shape["results"] for shape in report["shapes"]}
+    assert list(shapes) == ["GPT-2", "Llama", "ViT"]
+    # Llama (tiny stand-in for TinyLlama's 32/4 heads: 8 query heads sharing 2 key/value heads, width 64): C is
+    # H_kv x H_kv for "token" and H x H_kv for "query" (oracle: closed form of the generator d -> r -> rows*H_kv)
+    llama = shapes["Llama"]
+    assert [r["row"] for r in llama] == ["MHA", "MHA (repeat)", "DAMCHA token", "DAMCHA query"]
+    for result, rows in zip(llama[2:], (2, 8)):
+        assert result["parameters"] - llama[0]["parameters"] == 64 * 64 + 64 + 64 * rows * 2 + rows * 2
+        assert result["generate_tokens_per_s"] > 0 and result["step_ratio"] > 0
+    vit = shapes["ViT"]
+    assert [r["row"] for r in vit] == ["MHA", "MHA (repeat)", "DAMCHA sequence", "DAMCHA token", "DAMCHA query"]
+    assert all("generate_ratio" not in r for r in vit)
 
 
 def test_quality_tiny_writes_results_and_figures(tmp_path, capsys):

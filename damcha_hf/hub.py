@@ -40,6 +40,7 @@ from .safe_files import (
     CONFIG_FILES,
     LOSS_CURVE_FILE,
     METRIC_HEATMAP_FILE,
+    MODEL_TYPE_PREFIX,
     PREPROCESSOR_FILES,
     apply_umask,
     atomic_path,
@@ -808,13 +809,14 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
     for key, reference in saved_auto_map.items():  # refuse absolute or `..` references, even those the push drops
         auto_map_module(key, reference)
     config, _ = completed_config(folder)
-    if not config.get("auto_map"):
+    # A stock checkpoint (an MHA baseline trained by a recipe) loads with transformers alone; a DAMCHA one needs its code.
+    if not config.get("auto_map") and str(config.get("model_type", "")).startswith(MODEL_TYPE_PREFIX):
         raise HubPushError(
             f"{folder}/config.json has no auto_map, so the checkpoint would not load without damcha-hf; re-save it "
             "after `import damcha_hf` (which registers the classes for remote code)."
         )
     names = list(CONFIG_FILES) + weights + [path.name for path in folder.glob("*.safetensors.index.json")]
-    names += auto_map_code_files(folder, config["auto_map"]) + list(PREPROCESSOR_FILES)
+    names += auto_map_code_files(folder, config.get("auto_map") or {}) + list(PREPROCESSOR_FILES)
     card = checked_file(folder, CARD_FILE)
     if card is not None:
         names += [CARD_FILE, *card_images(card.read_text(encoding="utf-8"))]

@@ -23,6 +23,7 @@ from transformers import (
 
 import damcha_hf
 from damcha_hf.data import byte_level_tokenizer
+from damcha_hf.hub import upload_plan
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 TINY_GPT2_ARGS = ["--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--block-size", "32", "--batch-size", "8",
@@ -117,6 +118,24 @@ def test_train_gpt2_bpe_and_metric_options_reach_the_model(tmp_path, corpus):
         8,
     )
     assert config.n_layer == 2 and len(model.transformer.cross_head_metric.generators) == 2  # one per layer
+
+
+@pytest.mark.parametrize(("model_type", "stock_class"), [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM")])
+def test_train_gpt2_recipe_saves_a_stock_baseline(tmp_path, corpus, model_type, stock_class):
+    """The MHA baseline a user trains beside DAMCHA: a stock model needs no remote code, so its final save must not
+    demand an auto_map (it used to fail after training), and it loads with transformers' own class."""
+    extra = ["--n-kv-head", "2"] if model_type == "llama" else []
+    result = load_recipe("train_gpt2").main([
+        "--data", corpus, *TINY_GPT2_ARGS, "--max-steps", "2", "--output-dir", str(tmp_path),
+        "--model-type", model_type, *extra,
+    ])  # fmt: skip
+    assert result["global_step"] == 2
+    config = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert config["model_type"] == model_type and "auto_map" not in config
+    assert not list((tmp_path / "final").glob("*.py"))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    assert type(model).__name__ == stock_class and type(model).__module__.startswith("transformers.")
+    assert set(upload_plan(tmp_path / "final")) >= {"config.json", "model.safetensors", "README.md"}
 
 
 @pytest.mark.parametrize("model_type", ["damcha_llama"])

@@ -25,6 +25,7 @@ from transformers import (
 )
 
 import damcha_hf
+from damcha_hf.modeling.damcha_options import CROSS_HEAD_VARIANTS
 from damcha_hf.safe_files import write_json
 
 GPT2_CONTEXTS = ("token", "query")  # "sequence" is refused by causal models (it would leak future tokens)
@@ -41,26 +42,8 @@ class Row:
     kind: str  # "mha", "damcha" or "variant"
 
 
-def has_vit() -> bool:
-    return hasattr(damcha_hf, "DamchaViTConfig") and hasattr(damcha_hf, "DamchaViTForImageClassification")
-
-
-def cross_head_variants(config_class) -> list[str]:
-    """The baseline variants the config offers (besides DAMCHA itself), or [] if it has no `cross_head_variant`."""
-    try:
-        config = config_class(cross_head_variant="damcha")
-    except (TypeError, ValueError):
-        return []
-    if getattr(config, "cross_head_variant", None) != "damcha":
-        return []
-    variants = []
-    for variant in ("talking_heads", "dcmha", "none"):
-        try:
-            config_class(cross_head_variant=variant)
-        except (TypeError, ValueError):
-            continue
-        variants.append(variant)
-    return variants
+# The baselines every DAMCHA config offers besides DAMCHA itself, in the order the tables list them.
+OTHER_CROSS_HEAD_VARIANTS = tuple(variant for variant in CROSS_HEAD_VARIANTS if variant != "damcha")
 
 
 def gpt2_config_kwargs(layers: int, width: int, heads: int, positions: int, vocab: int, dropout: float = 0.0) -> dict:
@@ -179,7 +162,7 @@ def gpt2_rows(
         rows.append(Row("MHA +params", _parameter_matched_gpt2(config_kwargs, metric_hidden_size, seed), "mha"))
     rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
     if variants:
-        rows += _variant_rows(cross_head_variants(damcha_hf.DamchaGPT2Config), mha, damcha, "token")
+        rows += _variant_rows(OTHER_CROSS_HEAD_VARIANTS, mha, damcha, "token")
     return rows
 
 
@@ -255,8 +238,6 @@ def vit_rows(
         return ViTForImageClassification(ViTConfig(**config_kwargs, attn_implementation=implementation)).train()
 
     rows = [Row("MHA", mha, "mha")]
-    if not has_vit():
-        return rows
 
     def damcha(implementation=attn_implementation, **options):
         def build():
@@ -272,7 +253,7 @@ def vit_rows(
 
     rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
     if variants:
-        rows += _variant_rows(cross_head_variants(damcha_hf.DamchaViTConfig), mha, damcha, "sequence")
+        rows += _variant_rows(OTHER_CROSS_HEAD_VARIANTS, mha, damcha, "sequence")
     return rows
 
 

@@ -54,11 +54,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import (
     Row,
     count_parameters,
-    cross_head_variants,
     format_table,
     gpt2_config_kwargs,
     gpt2_rows,
-    has_vit,
     save_figure_atomic,
     set_up_device,
     vit_config_kwargs,
@@ -66,7 +64,6 @@ from bench_common import (
     write_json_atomic,
 )
 
-import damcha_hf
 from damcha_hf import convert_to_damcha
 from damcha_hf.families import family_of
 
@@ -377,10 +374,9 @@ class Task:
     device: torch.device
 
 
-def baseline_rows(mha: Row, seed: int, config_class) -> list[Row]:
+def baseline_rows(mha: Row, seed: int) -> list[Row]:
     """talking_heads and DCMHA rows: the seed's MHA model converted exactly (their mixing starts as the identity, on
     eager attention, which they need), so they share the MHA row's starting function and batches."""
-    offered = set(cross_head_variants(config_class))
 
     def build(variant):
         def make():
@@ -390,7 +386,7 @@ def baseline_rows(mha: Row, seed: int, config_class) -> list[Row]:
 
         return make
 
-    return [Row(name, build(variant), "variant") for variant, name in BASELINE_VARIANTS.items() if variant in offered]
+    return [Row(name, build(variant), "variant") for variant, name in BASELINE_VARIANTS.items()]
 
 
 def lm_task(args, device) -> Task:
@@ -404,7 +400,7 @@ def lm_task(args, device) -> Task:
         built = gpt2_rows(kwargs, contexts=("token", "query"), metric_hidden_size=args.metric_hidden_size, seed=seed,
                           variants=False, parameter_matched_mha=args.parameter_matched_mha)  # fmt: skip
         if not args.no_baselines:
-            built += baseline_rows(built[0], seed, damcha_hf.DamchaGPT2Config)
+            built += baseline_rows(built[0], seed)
         return built
 
     def batches(generator_seed, steps):
@@ -438,14 +434,12 @@ def vit_task(args, device) -> Task:
     print(f"\n== Fashion-MNIST{' (synthetic)' if args.synthetic else ''}: train {len(train_x)} images, "
           f"test {len(test_x)} ==", flush=True)  # fmt: skip
     kwargs = vit_config_kwargs(28, 4, 1, args.vit_layers, args.vit_width, args.vit_heads, labels=10)
-    if not has_vit():
-        print("  (DAMCHA ViT rows skipped: damcha_hf has no DamchaViTConfig yet; only MHA runs)", flush=True)
 
     def rows(seed):
         built = vit_rows(kwargs, contexts=("sequence", "token"), metric_hidden_size=args.metric_hidden_size, seed=seed,
                          variants=False)  # fmt: skip
-        if has_vit() and not args.no_baselines:
-            built += baseline_rows(built[0], seed, damcha_hf.DamchaViTConfig)
+        if not args.no_baselines:
+            built += baseline_rows(built[0], seed)
         return built
 
     def batches(generator_seed, steps):

@@ -49,7 +49,6 @@ from bench_common import (
     format_table,
     gpt2_config_kwargs,
     gpt2_rows,
-    has_vit,
     llama_config_kwargs,
     llama_rows,
     median,
@@ -588,31 +587,28 @@ def main(argv=None):
             report["shapes"].append({"title": title, "table": print_table(title, results), "results": results})
 
     if "vit" in args.models:
-        if not has_vit():
-            print("\n(ViT rows skipped: damcha_hf has no DamchaViTConfig yet)", flush=True)
-        else:
-            kwargs = vit_config_kwargs(args.image_size, 16, 3, args.layers, args.vit_width, args.vit_heads, 1000)
-            contexts = [c for c in (args.contexts or VIT_CONTEXTS) if c in VIT_CONTEXTS]
+        kwargs = vit_config_kwargs(args.image_size, 16, 3, args.layers, args.vit_width, args.vit_heads, 1000)
+        contexts = [c for c in (args.contexts or VIT_CONTEXTS) if c in VIT_CONTEXTS]
 
-            def build_vit_rows(dropout=0.0):
-                rows = vit_rows(
-                    {**kwargs, "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout},
-                    contexts=contexts, metric_hidden_size=args.metric_hidden_size, variants=variants,
-                )  # fmt: skip
-                return with_noise_floor(rows)
+        def build_vit_rows(dropout=0.0):
+            rows = vit_rows(
+                {**kwargs, "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout},
+                contexts=contexts, metric_hidden_size=args.metric_hidden_size, variants=variants,
+            )  # fmt: skip
+            return with_noise_floor(rows)
 
-            batch = image_batch(args.vit_batch, args.image_size, 1000, device, seed=0)
-            parts = args.parts
-            args.parts = [p for p in parts if p not in ("generate", "decode", "compiled")]
-            try:
-                results = measure(
-                    build_vit_rows(), batch, args, device, memory_batch_builder=lambda p: (build_vit_rows(p), batch)
-                )
-            finally:
-                args.parts = parts
-            title = (f"ViT {args.layers} layers x {args.vit_width}, {args.vit_heads} heads, patch 16, "
-                     f"image {args.image_size}, batch {args.vit_batch}")  # fmt: skip
-            report["shapes"].append({"title": title, "table": print_table(title, results), "results": results})
+        batch = image_batch(args.vit_batch, args.image_size, 1000, device, seed=0)
+        parts = args.parts
+        args.parts = [p for p in parts if p not in ("generate", "decode", "compiled")]
+        try:
+            results = measure(
+                build_vit_rows(), batch, args, device, memory_batch_builder=lambda p: (build_vit_rows(p), batch)
+            )
+        finally:
+            args.parts = parts
+        title = (f"ViT {args.layers} layers x {args.vit_width}, {args.vit_heads} heads, patch 16, "
+                 f"image {args.image_size}, batch {args.vit_batch}")  # fmt: skip
+        report["shapes"].append({"title": title, "table": print_table(title, results), "results": results})
 
     if args.json:
         write_json_atomic(args.json, report)

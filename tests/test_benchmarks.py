@@ -199,10 +199,7 @@ def test_quality_tiny_writes_results_and_figures(tmp_path, capsys):
     for record in report["results"]["lm"]["DAMCHA token"]:
         assert len(record["mean_metric"]) == 1 and len(record["mean_metric"][0]) == 4  # 1 layer, 4 x 4
     vit = report["summary"]["vit"]
-    expected_vit_rows = (
-        ["MHA", "DAMCHA sequence", "DAMCHA token", "talking_heads", "DCMHA"] if bench_common.has_vit() else ["MHA"]
-    )
-    assert list(vit) == expected_vit_rows
+    assert list(vit) == ["MHA", "DAMCHA sequence", "DAMCHA token", "talking_heads", "DCMHA"]
     assert all(0 <= v <= 1 for entry in vit.values() for v in entry["test_top1"]["per_seed"])
     assert (tmp_path / "quality_tiny_loss_curves.png").stat().st_size > 0
     assert (tmp_path / "quality_tiny_metric_heatmap.png").stat().st_size > 0
@@ -402,7 +399,7 @@ def test_paired_statistics_and_verdicts():
 def test_baseline_rows_start_as_the_seeds_mha():
     kwargs = bench_common.gpt2_config_kwargs(2, 32, 4, 16, vocab=50)
     mha = bench_common.gpt2_rows(kwargs, metric_hidden_size=8, seed=5, variants=False)[0]
-    rows = quality.baseline_rows(mha, 5, quality.damcha_hf.DamchaGPT2Config)
+    rows = quality.baseline_rows(mha, 5)
     assert [row.name for row in rows] == ["talking_heads", "DCMHA"]
     ids = torch.randint(0, 50, (2, 16))
     reference = mha.build().eval()(input_ids=ids).logits

@@ -11,7 +11,7 @@ On `--resume`, the checkpoint's model settings win: a model flag left out takes 
 a different value is refused (naming every such flag).
 
 Data (`--data`): a text file, a folder of .txt files, a glob, `stdlib` (the Python standard library's sources, on
-every machine) or `gcide`. The model, its tokenizer and (when `damcha_hf.hub` is present) a model card with a
+every machine) or `gcide`. The model, its tokenizer and a model card (`damcha_hf.hub`) with a
 loss curve are saved to `<output-dir>/final`; evaluation results go to `<output-dir>/eval_results.json`.
 """
 

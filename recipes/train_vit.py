@@ -8,7 +8,7 @@
 
 An image folder is laid out as `<folder>/<label>/<image>` (or with `train/` and `validation/` inside). Images go
 through `ViTImageProcessor` and, for training, a random reflect-padded crop and a left-right flip (torch ops). The
-model and its image processor are saved to `<output-dir>/final` (with a model card when `damcha_hf.hub` is present).
+model and its image processor are saved to `<output-dir>/final` with a model card (`damcha_hf.hub`).
 
 On `--resume`, the checkpoint's model settings win: a model flag left out takes the checkpoint's value, one given with
 a different value is refused (naming every such flag).

@@ -52,3 +52,9 @@ def test_model_files_install_as_damcha_hf_modeling(wheel_names):
 def test_console_script_is_declared(wheel, wheel_names):
     (entry_points,) = [name for name in wheel_names if name.endswith("entry_points.txt")]
     assert "damcha-hf = damcha_hf_cli:main" in wheel.read(entry_points).decode()
+
+
+def test_hub_package_installs_every_module(wheel_names):
+    # damcha_hf.hub is a subpackage: setup.cfg lists packages explicitly, so a missing entry would drop it silently.
+    hub_modules = sorted(path.name for path in (REPO / "damcha_hf" / "hub").glob("*.py"))
+    assert hub_modules and all(f"damcha_hf/hub/{name}" in wheel_names for name in hub_modules)

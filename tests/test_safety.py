@@ -219,6 +219,32 @@ def test_upload_plan_refuses_a_symlink_leaving_the_folder_and_names_it(checkpoin
         hub.upload_plan(checkpoint)
 
 
+@pytest.mark.parametrize(
+    ("import_line", "refused"),
+    [
+        ("from .sub.settings import TOKEN", r"imports `\.sub\.settings`"),  # a module in a subfolder
+        ("from .x/../../settings import TOKEN", r"imports `\.x/\.\./\.\./settings`"),  # a path the regex parser reads
+        ("from .leak import TOKEN", r"leak\.py in .* symbolic link .* outside the checkpoint folder"),
+        ("from ..settings import TOKEN", None),  # the parent package: no file of the folder, not uploaded
+    ],
+)
+def test_code_files_come_only_from_the_folder(checkpoint, tmp_path, import_line, refused):
+    # The code files are those the auto_map modules import (transformers' relative-import parser): each must be a
+    # regular file inside the folder, checked before it is read, whatever the import line names.
+    secret = tmp_path / "settings.py"
+    secret.write_text("TOKEN = 'hf_do_not_upload'\n")
+    (checkpoint / "leak.py").symlink_to(secret)
+    modeling = checkpoint / "modeling_damcha_gpt2.py"
+    modeling.write_text(modeling.read_text() + f"\n{import_line}\n")
+    if refused is None:
+        plan = hub.upload_plan(checkpoint)
+        assert "modeling_damcha_gpt2.py" in plan and "settings.py" not in plan and "leak.py" not in plan
+        assert all(path.resolve().parent == checkpoint.resolve() for path in plan.values())
+    else:
+        with pytest.raises(hub.HubPushError, match=refused):
+            hub.upload_plan(checkpoint)
+
+
 def test_push_network_failure_is_one_line_without_the_token(checkpoint, monkeypatch, capsys):
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(name, "0")

@@ -4,7 +4,7 @@ Both models start from the same weights (the DAMCHA model is `convert_to_damcha`
 generator starts at zero and it computes exactly MHA at step 0), see the same batches in the same order with the same
 optimiser, and are evaluated on the same validation blocks. The default corpus is the Python standard library's own
 sources (every machine has them), byte-level, so the loss in bits per token is bits per byte. The DAMCHA model is
-saved as a Hub-ready checkpoint (model card, loss curve, metric heatmap when `damcha_hf.hub` is available).
+saved as a Hub-ready checkpoint (model card, loss curve, metric heatmap: `damcha_hf.hub`).
 """
 
 import argparse

@@ -1,0 +1,146 @@
+"""`save_hub_checkpoint`: a complete, Hub-ready checkpoint folder of a model, written atomically."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from ..metric_map import is_vision_model, write_metric_map
+from ..safe_files import (
+    CARD_FILE,
+    CONFIG_FILES,
+    LOSS_CURVE_FILE,
+    METRIC_HEATMAP_FILE,
+    apply_umask,
+    atomic_write,
+    check_checkpoint_folder,
+    make_staging_folder,
+)
+from .model_card import build_model_card, cross_head_variant
+from .push import check_no_local_paths, completed_config, config_json_bytes, upload_plan
+from .training_log import write_loss_curve
+
+
+def save_hub_checkpoint(
+    model,
+    folder: str | os.PathLike,
+    *,
+    tokenizer_or_processor=None,
+    log_history=None,
+    base_model: str | None = None,
+    datasets: str | Sequence[str] | None = None,
+    heatmap_inputs=None,
+    metric_heatmap: bool = True,
+    license: str = "apache-2.0",
+    eval_results: Mapping[str, float] | None = None,
+    model_name: str | None = None,
+    overwrite: bool = False,
+    extra_files: Mapping[str, str | bytes] | None = None,
+    baseline_log_histories: Mapping[str, object] | None = None,
+    **card_fields,
+) -> Path:
+    """Write a complete Hub checkpoint of `model` into `folder`, atomically, and return `folder`.
+
+    Contents: `model.safetensors` (or shards), `config.json` (with `auto_map`), `generation_config.json` for
+    generative models, the model code, the tokenizer or image processor, `README.md` (see `build_model_card`),
+    `loss_curve.png` (when `log_history` logged a loss) and `metric_heatmap.png` (unless `metric_heatmap=False`).
+
+    Args:
+        model: a DAMCHA `PreTrainedModel` (merge LoRA adapters first: `model.merge_and_unload()`).
+        tokenizer_or_processor: saved with `save_pretrained`; a tokenizer also tokenises the heatmap text.
+        log_history, base_model, datasets, license, eval_results, model_name: see `build_model_card`.
+        heatmap_inputs: inputs for the metric heatmap (`damcha_hf.metric_map.compute_metric_map` accepts a tensor,
+            a dict of model inputs, a list of them, or texts); None uses a built-in sample.
+        overwrite: replace an existing `folder` that holds an earlier checkpoint of this plugin (a `damcha_*`
+            config.json and only files a save writes). A folder holding anything else (a Trainer `output_dir`, your
+            own files), the current folder, its parents and the home folder are never replaced: `UnsafeOutputError`
+            (an `OSError`) is raised before anything is written. Use a subfolder such as `output_dir/"hub"`.
+        extra_files: `{file name: text or bytes}` written beside the checkpoint in the same atomic step (e.g. a
+            run's results); they count as files the save writes when the folder is replaced later.
+        baseline_log_histories: `{"MHA": log_history}` of models trained alongside: drawn in the loss curve too.
+        card_fields: `log_source`, `comparison`, `notes` of `build_model_card`.
+
+    Everything is written into a temporary folder beside `folder` and renamed into place, so `folder` is never
+    left half-written.
+    """
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(
+            f"save_hub_checkpoint needs a transformers PreTrainedModel, got {type(model).__name__}; unwrap it first "
+            "(`accelerator.unwrap_model(model)`, or `model.merge_and_unload()` for a PEFT model)."
+        )
+    extra_files = dict(extra_files or {})
+    for name in extra_files:
+        if name != os.path.basename(name) or name in ("", ".", "..") or name in CONFIG_FILES:
+            raise ValueError(f"extra_files: {name!r} must be a plain file name, not a path or a config file.")
+    folder = check_checkpoint_folder(
+        folder, argument="save_hub_checkpoint folder", replace=overwrite, also_written=extra_files
+    )
+    staging = make_staging_folder(folder)
+    try:
+        model.save_pretrained(staging)
+        config, changed = completed_config(staging)
+        if changed:
+            atomic_write(staging / "config.json", config_json_bytes(config))
+        if tokenizer_or_processor is not None:
+            tokenizer_or_processor.save_pretrained(staging)
+        images = {}
+        if log_history is not None and write_loss_curve(
+            log_history, staging / LOSS_CURVE_FILE, baselines=baseline_log_histories, name=model_name or "this model"
+        ):
+            images["loss_curve"] = LOSS_CURVE_FILE
+        metric_map = None
+        if metric_heatmap and cross_head_variant(model) == "damcha":  # the baselines have no cross-head metric C
+            tokenizer = (
+                None if is_vision_model(model) or not callable(tokenizer_or_processor) else tokenizer_or_processor
+            )
+            metric_map = write_metric_map(model, staging / METRIC_HEATMAP_FILE, heatmap_inputs, tokenizer=tokenizer)
+            images["metric_heatmap"] = METRIC_HEATMAP_FILE
+        card = build_model_card(
+            model,
+            log_history=log_history,
+            base_model=base_model,
+            datasets=datasets,
+            license=license,
+            eval_results=eval_results,
+            images=images,
+            metric_map=metric_map,
+            model_name=model_name,
+            has_preprocessor=tokenizer_or_processor is not None,
+            **card_fields,
+        )
+        atomic_write(staging / CARD_FILE, str(card))
+        for name, content in extra_files.items():
+            atomic_write(staging / name, content)
+        check_no_local_paths(staging, upload_plan(staging).values(), extra=[folder])
+        apply_umask(staging)
+        replace_folder(staging, folder, overwrite=overwrite, also_written=extra_files)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return folder
+
+
+def replace_folder(new: Path, target: Path, *, overwrite: bool, also_written: Iterable[str] = ()) -> None:
+    """Rename `new` to `target`. An existing `target` is checked again (it may have changed during the save: only an
+    earlier checkpoint of this plugin is replaced), moved aside, and deleted once `new` is in place."""
+    if target.exists():
+        check_checkpoint_folder(
+            target, argument="save_hub_checkpoint folder", replace=overwrite, also_written=also_written
+        )
+    if not target.exists() or not any(target.iterdir()):
+        if target.is_dir():
+            target.rmdir()
+        os.replace(new, target)
+        return
+    old = _aside_name(target)
+    os.replace(target, old)
+    os.replace(new, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _aside_name(target: Path) -> Path:
+    return target.with_name(f".{target.name}.old-{os.getpid()}-{os.urandom(4).hex()}")

@@ -1,0 +1,390 @@
+"""The Hub model card of a DAMCHA model: metadata, DAMCHA settings, loading snippets, training and results."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from ..families import DamchaFamily, family_for_model_type, family_of
+from ..metric_map import MetricMap, is_vision_model
+from ..safe_files import public_dataset_name
+from .training_log import TrainingLog, is_number, parse_log_history
+
+# Stands for the repository id in a card written before the repository is known; `push_checkpoint` fills it in.
+REPO_PLACEHOLDER = "your-name/your-damcha-model"
+
+PAPER_TITLE = "Data-Adaptive Mahalanobis Metric Learning for Cross-Head Attention in Transformers"
+CITATION_BIBTEX = f"""@inproceedings{{damcha2026,
+  title     = {{{PAPER_TITLE}}},
+  booktitle = {{Advances in Neural Information Processing Systems}},
+  year      = {{2026}},
+  note      = {{Author list not recorded here: take it from the paper}}
+}}"""
+
+
+# --------------------------------------------------------------------------------------------------------- the model
+
+
+VARIANT_DESCRIPTIONS = {
+    "talking_heads": "talking-heads attention (static H x H mixing of the attention logits and weights)",
+    "dcmha": "DCMHA (dynamically composable multi-head attention: input-dependent mixing of the score maps)",
+    "none": "plain multi-head attention",
+}
+
+
+def model_family(model) -> DamchaFamily:
+    """The architecture's declaration (`damcha_hf.families`), from the config's `model_type` (`damcha_llama`, ...)."""
+    return family_of(model)
+
+
+def cross_head_variant(model) -> str:
+    """`"damcha"`, or the baseline attention the model runs instead (`talking_heads`, `dcmha`, `none`)."""
+    # Every DAMCHA config has the field; a config without it is a stock transformers model: plain attention.
+    return getattr(model.config, "cross_head_variant", "none")
+
+
+def pipeline_tag_and_auto_class(model) -> tuple[str, str]:
+    """The card's pipeline tag and loading Auto class: those its family declares for this head (matched by class name,
+    since remote-code classes live in other modules); a base model is a feature extractor."""
+    name = type(model).__name__
+    for head in model_family(model).heads:
+        if head.model_class.__name__ == name and head.pipeline_tag:
+            return head.pipeline_tag, head.auto_class
+    if is_vision_model(model):
+        return "image-feature-extraction", "AutoModel"
+    return "feature-extraction", "AutoModel"
+
+
+def generator_share(model) -> tuple[int, int]:
+    """(cross-head parameters: DAMCHA's metric generator or a baseline's head mixing, all parameters)."""
+    total = sum(parameter.numel() for parameter in model.parameters())
+    generator = sum(
+        p.numel() for name, p in model.named_parameters() if "cross_head_metric" in name or "cross_head_mixing" in name
+    )
+    return generator, total
+
+
+# ------------------------------------------------------------------------------------------------------ the card
+
+
+def format_number(value) -> str:
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) >= 1000):
+        return f"{int(value):,}"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(format_number(cell) if cell is not None else "" for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def resolve_eval_results(model, log: TrainingLog | None, eval_results: Mapping[str, float] | None) -> dict[str, float]:
+    """Given results win; else the last evaluation of the log. A causal LM's loss also gives its perplexity."""
+    if eval_results is not None:
+        results = {key.removeprefix("eval_"): float(value) for key, value in eval_results.items() if is_number(value)}
+    else:
+        results = dict(log.final_eval) if log else {}
+    pipeline_tag, _ = pipeline_tag_and_auto_class(model)
+    named = any("perplexity" in name for name in results)  # e.g. a per-byte perplexity given by the caller
+    if pipeline_tag == "text-generation" and "loss" in results and not named and results["loss"] < 50:
+        results["perplexity"] = math.exp(results["loss"])
+    return results
+
+
+def check_hub_id(argument: str, value: str) -> None:
+    """Card metadata must name Hub ids: a local path would leak the machine's layout into a public file."""
+    if os.path.isabs(value) or value.startswith((".", "~")) or os.path.isdir(value):
+        raise ValueError(
+            f"{argument}={value!r} looks like a local path; pass the Hub id it came from, e.g. 'openai-community/gpt2'."
+        )
+
+
+def build_model_card(
+    model,
+    *,
+    log_history=None,
+    base_model: str | None = None,
+    datasets: str | Sequence[str] | None = None,
+    license: str = "apache-2.0",
+    eval_results: Mapping[str, float] | None = None,
+    images: Mapping[str, str] | None = None,
+    metric_map: MetricMap | None = None,
+    model_name: str | None = None,
+    repo_id: str = REPO_PLACEHOLDER,
+    has_preprocessor: bool = True,
+    log_source: str = "the `Trainer` log history",
+    comparison: Mapping[str, Mapping[str, float]] | None = None,
+    notes: Sequence[str] = (),
+) -> ModelCard:
+    """A Hub model card for a DAMCHA model.
+
+    Args:
+        log_history: a `Trainer`'s `state.log_history` (or a trainer_state.json path): training details, a results
+            table and, unless `eval_results` is given, the evaluation results.
+        base_model: Hub id of the MHA checkpoint this model was converted from.
+        datasets: Hub ids of the training data; the first also names the evaluation data in `model-index`. A local
+            path is reduced to its base name (see `damcha_hf.safe_files.public_dataset_name`).
+        eval_results: `{"loss": 2.3, "accuracy": 0.81}` (an `eval_` prefix is dropped); overrides the log's.
+        images: relative paths of images written next to the card: `{"loss_curve": ..., "metric_heatmap": ...}`.
+            `save_hub_checkpoint` writes both and fills this in.
+        metric_map: the `MetricMap` behind the heatmap, for the per-layer off-diagonal mass table.
+        repo_id: used in the loading snippets; `push_checkpoint` replaces the placeholder with the real id.
+        log_source: what `log_history` is, for the training section (e.g. "the demo's training loop").
+        comparison: `{"MHA baseline": {"bits_per_byte": 2.1}, ...}`: models trained the same way, shown in a table
+            beside this model's `eval_results` (never as this model's metrics).
+        notes: sentences added to the limitations.
+    """
+    images = dict(images or {})
+    for kind, relative in images.items():
+        if os.path.isabs(relative):
+            raise ValueError(f"images[{kind!r}]={relative!r}: give the path relative to the card's folder.")
+    if base_model is not None:
+        check_hub_id("base_model", base_model)
+    datasets = [datasets] if isinstance(datasets, str) else list(datasets or [])
+    # A dataset given as a local path is named by its base name (or left out): the card is meant to be published.
+    datasets = [name for name in map(public_dataset_name, datasets) if name]
+    config = model.config
+    family = model_family(model).model_type
+    pipeline_tag, auto_class = pipeline_tag_and_auto_class(model)
+    log = parse_log_history(log_history) if log_history is not None else None
+    results = resolve_eval_results(model, log, eval_results)
+    model_name = model_name or (repo_id.split("/")[-1] if repo_id != REPO_PLACEHOLDER else f"damcha-{family}")
+
+    eval_dataset = datasets[0] if datasets else "custom"
+    card_data = ModelCardData(
+        library_name="transformers",
+        license=license,
+        pipeline_tag=pipeline_tag,
+        tags=["damcha", "cross-head-attention", family, "custom_code"],
+        base_model=base_model,
+        datasets=datasets or None,
+        model_name=model_name,
+        eval_results=[
+            EvalResult(
+                task_type=pipeline_tag,
+                dataset_type=eval_dataset,
+                dataset_name=eval_dataset if datasets else "held-out evaluation data",
+                metric_type=name,
+                metric_name=name,
+                metric_value=round(value, 6),
+            )
+            for name, value in results.items()
+        ]
+        or None,
+    )
+
+    generator, total = generator_share(model)
+    family_name, variant = model_family(model).display_name, cross_head_variant(model)
+    if variant == "damcha":
+        introduction = (
+            f"A {family_name} model ({type(model).__name__}) with **DAMCHA** attention, data-adaptive cross-head "
+            f"metric attention from *{PAPER_TITLE}* (NeurIPS 2026): each head scores its queries against a mixture "
+            "of every head's keys, `K~_i = sum_j C_ij(x) K_j`, with the cross-head matrix `C = I + G(x)` produced "
+            "from the layer's input by a small metric-generator MLP. Everything else is the standard "
+            f"{family_name} architecture."
+        )
+        settings = [
+            ("metric_context", f"`{config.metric_context}`"),
+            ("metric_mask", f"`{config.metric_mask}`"),
+            ("metric_sharing", f"`{config.metric_sharing}`"),
+            ("metric_hidden_size", config.metric_hidden_size),
+        ]
+    else:
+        introduction = (
+            f"A {family_name} model ({type(model).__name__}) trained as a **baseline** for DAMCHA (*{PAPER_TITLE}*, "
+            f"NeurIPS 2026): its attention is {VARIANT_DESCRIPTIONS.get(variant, variant)} "
+            f'(`cross_head_variant="{variant}"`), run by the same damcha-hf code so that comparisons differ only '
+            "in attention."
+        )
+        settings = [("cross_head_variant", f"`{variant}`")]
+    sections = [
+        f"# {model_name}",
+        (
+            introduction
+            + (
+                f"\n\nConverted from [`{base_model}`](https://huggingface.co/{base_model}): every pretrained weight "
+                "was kept and the new cross-head parameters started at the identity (for DAMCHA: the metric "
+                "generator at zero, `C = I`), so before fine-tuning the model computed exactly the original "
+                "multi-head attention."
+                if base_model
+                else ""
+            )
+        ),
+        "## DAMCHA settings\n\n"
+        + markdown_table(
+            ("setting", "value"),
+            settings
+            + [
+                (
+                    "layers x heads x width",
+                    f"{config.num_hidden_layers} x {config.num_attention_heads} x {config.hidden_size}",
+                ),
+                ("parameters", total),
+                (
+                    "metric-generator parameters" if variant == "damcha" else "cross-head mixing parameters",
+                    f"{generator:,} ({100 * generator / total:.3f}% of the model)",
+                ),
+            ],
+        ),
+        loading_section(auto_class, repo_id, family, has_preprocessor),
+    ]
+    if "metric_heatmap" in images or metric_map is not None:
+        sections.append(metric_section(images.get("metric_heatmap"), metric_map))
+    sections.append(training_section(log, images.get("loss_curve"), log_source))
+    sections.append(evaluation_section(results, eval_dataset if datasets else None, from_log=eval_results is None))
+    if comparison:
+        sections.append(comparison_section(model_name, results, comparison))
+    sections.append(LIMITATIONS + "".join(f"\n- {note}" for note in notes))
+    sections.append(
+        "## Citation\n\nThe authors of the DAMCHA paper are not recorded in this card (we did not have the author "
+        "list when it was written); please complete the entry from the paper before citing it.\n\n"
+        f"```bibtex\n{CITATION_BIBTEX}\n```"
+    )
+    content = f"---\n{card_data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n"
+    return ModelCard(content)
+
+
+def loading_section(auto_class: str, repo_id: str, family: str, has_preprocessor: bool) -> str:
+    preprocessor_class = "AutoImageProcessor" if family_for_model_type(family).vision else "AutoTokenizer"
+    imports = f"{auto_class}, {preprocessor_class}" if has_preprocessor else auto_class
+
+    def snippet(plugin: bool) -> str:
+        lines = ["import damcha_hf  # registers the DAMCHA classes with the Auto classes"] if plugin else []
+        suffix = "" if plugin else ", trust_remote_code=True"
+        lines += [
+            f"from transformers import {imports}",
+            "",
+            f'model = {auto_class}.from_pretrained("{repo_id}"{suffix})',
+        ]
+        if has_preprocessor:
+            # Without the plugin, the tokenizer / image processor also needs trust_remote_code: to find its class,
+            # transformers may read config.json, and an unknown model_type there without the flag stops at an
+            # interactive "Do you wish to run the custom code? [y/N]" prompt (a hang in a notebook or a script).
+            lines.append(f'preprocessor = {preprocessor_class}.from_pretrained("{repo_id}"{suffix})')
+        return "```python\n" + "\n".join(lines) + "\n```"
+
+    return (
+        "## How to load\n\nWith the `damcha-hf` plugin installed (it is not on PyPI: in a clone of its repository, "
+        "`pip install -e .`):\n\n"
+        + snippet(plugin=True)
+        + "\n\nWithout the plugin: the repository carries the model code (`configuration_damcha_*.py`, "
+        "`modeling_damcha_*.py`, `damcha_attention.py` and the files they import; they import only torch and "
+        "transformers), which "
+        "transformers runs when you allow remote code. Read it first: it executes on your machine.\n\n"
+        + snippet(plugin=False)
+        + "\n\n`config.json` maps every Auto class of the family (`auto_map`), so the same checkpoint also loads "
+        "with `AutoModel` and the other task heads."
+    )
+
+
+def metric_section(image: str | None, metric_map: MetricMap | None) -> str:
+    text = (
+        "## Learned cross-head metric\n\nThe cross-head matrix `C` of each layer, averaged over the tokens of a few "
+        "sample inputs (`damcha-hf inspect` redraws it). `C = I` is plain multi-head attention; off-diagonal "
+        "entries are how much head `i` scores against head `j`'s keys."
+    )
+    if image:
+        text += f"\n\n![Mean cross-head matrix C per layer]({image})"
+    if metric_map is not None:
+        text += "\n\nOff-diagonal mass `sum_{i!=j} |C_ij| / sum_ij |C_ij|` of the mean matrix:\n\n" + markdown_table(
+            ("layer", "off-diagonal mass"),
+            [(layer, f"{mass:.4f}") for layer, mass in enumerate(metric_map.offdiagonal_mass)],
+        )
+    return text
+
+
+MAX_RESULT_ROWS = 25
+
+
+def training_section(log: TrainingLog | None, loss_curve: str | None, source: str = "the `Trainer` log history") -> str:
+    if log is None:
+        return "## Training details\n\nNo training log was recorded with this checkpoint."
+    facts = []
+    if log.last_step is not None:
+        facts.append(f"- steps: {log.last_step:,}")
+    if log.last_epoch is not None:
+        facts.append(f"- epochs: {log.last_epoch:.3g}")
+    if log.peak_learning_rate is not None:
+        facts.append(f"- peak learning rate: {log.peak_learning_rate:.3g}")
+    if log.train_losses:
+        facts.append(f"- final logged training loss: {log.train_losses[-1][1]:.4f}")
+    if is_number(log.summary.get("train_loss")):
+        facts.append(f"- mean training loss: {log.summary['train_loss']:.4f}")
+    if is_number(log.summary.get("train_runtime")):
+        facts.append(f"- training time: {log.summary['train_runtime'] / 60:.1f} min")
+    text = f"## Training details\n\nFrom {source}:\n\n" + "\n".join(facts)
+    if loss_curve:
+        text += f"\n\n![Training and validation loss]({loss_curve})"
+    rows = results_rows(log)
+    if rows:
+        header, body = rows
+        text += "\n\n### Training results\n\n" + markdown_table(header, body)
+    return text
+
+
+def results_rows(log: TrainingLog) -> tuple[list[str], list[list]] | None:
+    """One row per evaluation (else per logged training loss): step, epoch, training loss, metrics."""
+    train_by_step = dict(log.train_losses)
+    if log.eval_entries:
+        metric_names = list(
+            dict.fromkeys(name for entry in log.eval_entries for name in entry if name not in ("step", "epoch"))
+        )
+        header = ["step", "epoch", "training loss"] + [f"validation {name}" for name in metric_names]
+        body = []
+        for entry in log.eval_entries:
+            step = entry["step"]
+            earlier = [loss for logged_step, loss in log.train_losses if step is None or logged_step <= step]
+            training_loss = train_by_step.get(step, earlier[-1] if earlier else None)
+            body.append([step, entry["epoch"], training_loss] + [entry.get(name) for name in metric_names])
+    elif log.train_losses:
+        header = ["step", "training loss"]
+        body = [list(point) for point in log.train_losses]
+    else:
+        return None
+    if len(body) > MAX_RESULT_ROWS:  # evenly thinned, keeping the last row
+        stride = math.ceil(len(body) / MAX_RESULT_ROWS)
+        body = body[::-1][::stride][::-1]
+    return header, body
+
+
+def evaluation_section(results: Mapping[str, float], dataset: str | None, from_log: bool) -> str:
+    if not results:
+        return "## Evaluation results\n\nNo evaluation results were recorded with this checkpoint."
+    source = "the last evaluation in the training log" if from_log else "the evaluation run given with this card"
+    on = f" on `{dataset}`" if dataset else ""
+    return f"## Evaluation results\n\nFrom {source}{on}:\n\n" + markdown_table(
+        ("metric", "value"), [(name, f"{value:.4f}") for name, value in results.items()]
+    )
+
+
+def comparison_section(
+    model_name: str, results: Mapping[str, float], comparison: Mapping[str, Mapping[str, float]]
+) -> str:
+    """This model's results beside those of models trained the same way (e.g. the MHA baseline)."""
+    names = list(dict.fromkeys(name for row in [results, *comparison.values()] for name in row))
+    rows = [[f"{model_name} (this model)"] + [format_metric(results.get(name)) for name in names]]
+    rows += [[label] + [format_metric(row.get(name)) for name in names] for label, row in comparison.items()]
+    return (
+        "## Comparison\n\nThe same data, steps, batches and starting weights; only the attention differs:\n\n"
+        + markdown_table(["model", *names], rows)
+    )
+
+
+def format_metric(value) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
+LIMITATIONS = """## Limitations
+
+- DAMCHA's published gains are small on several benchmarks and reported as single runs; the damcha-hf authors'
+  small-scale prototype found effects within the seed spread. Compare against a multi-head-attention baseline
+  trained the same way before relying on an improvement.
+- `C` is neither symmetric nor positive definite: the score is a learned bilinear form, not a true Mahalanobis
+  metric (the paper says so too).
+- The model code extends transformers' GPT-2/ViT internals and was tested with the releases damcha-hf pins
+  (transformers 5.23 and 5.24); other releases may change those internals.
+- The model inherits the biases and failure modes of its training data and of any base checkpoint."""

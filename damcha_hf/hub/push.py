@@ -1,0 +1,282 @@
+"""What a push uploads (the upload plan: weights, config, the remote code `auto_map` needs, preprocessor, card and
+its images; only regular files inside the folder) and the push itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from huggingface_hub import CommitOperationAdd, HfApi
+from transformers.dynamic_module_utils import get_relative_imports
+
+from ..safe_files import CARD_FILE, CONFIG_FILES, MODEL_TYPE_PREFIX, PREPROCESSOR_FILES
+from .model_card import REPO_PLACEHOLDER
+
+TEXT_SUFFIXES = (".json", ".md", ".py", ".txt", ".jinja")
+
+
+class HubPushError(RuntimeError):
+    """Pushing cannot start: offline, no token, or a folder that is not a clean Hub checkpoint."""
+
+
+def auto_map_module(key: str, reference) -> str | None:
+    """The module file an `auto_map` reference names (`"modeling_damcha_gpt2.DamchaGPT2Model"` ->
+    `"modeling_damcha_gpt2"`); None for code in another Hub repository (`"owner/repo--module.Class"`), which is
+    not a file of this folder. Anything but a plain module name (an absolute path, `..`, a folder) is refused: a push
+    must never read a file outside the checkpoint folder."""
+    if not isinstance(reference, str):
+        return None  # e.g. a tokenizer's [slow, fast] pair: not code of this folder
+    if "--" in reference:
+        return None
+    module, _, class_name = reference.rpartition(".")
+    if not module.isidentifier() or not class_name.isidentifier():
+        raise HubPushError(
+            f"config.json's auto_map[{key!r}] = {reference!r} is not `module.Class` with a plain module name of a "
+            "file in the checkpoint folder; re-save the model with `save_pretrained` after `import damcha_hf`, "
+            "which writes a clean auto_map."
+        )
+    return module
+
+
+def checked_file(folder: Path, name: str) -> Path | None:
+    """`folder/name` when it is a regular file inside `folder` (a symbolic link may point only at another file of the
+    folder); None when it does not exist. Raises `HubPushError` for a link leaving the folder or a non-file."""
+    path = folder / name
+    if not path.exists() and not path.is_symlink():
+        return None
+    resolved = path.resolve()
+    if path.is_symlink() and resolved.parent != folder.resolve():
+        raise HubPushError(
+            f"{name} in {folder} is a symbolic link to {resolved}, outside the checkpoint folder; replace it with the "
+            "file itself (a push uploads only files inside the folder)."
+        )
+    if not resolved.is_file():
+        raise HubPushError(f"{name} in {folder} is not a regular file; remove it or replace it with the file.")
+    return path
+
+
+def auto_map_code_files(folder: Path, auto_map: Mapping) -> list[str]:
+    """The Python files `auto_map` names, plus everything they import with single-dot relative imports.
+
+    The imports are found by transformers' own parser (`dynamic_module_utils.get_relative_imports`, what
+    `from_pretrained(trust_remote_code=True)` uses to fetch a module's files), so the push uploads the files the loader
+    asks for. Its recursive `get_relative_import_files` is not used: it would open whatever path an import names before
+    we could check it, and a push must read only regular files inside the folder (`checked_file`, before reading)."""
+    pending = [module for key, reference in auto_map.items() if (module := auto_map_module(key, reference))]
+    seen: list[str] = []
+    while pending:
+        module = pending.pop()
+        name = f"{module}.py"
+        if name in seen:
+            continue
+        path = checked_file(folder, name)
+        if path is None:
+            raise HubPushError(
+                f"{folder}: config.json's auto_map needs {name}, which is missing; re-save the model with "
+                "`save_pretrained` (or `damcha_hf.hub.save_hub_checkpoint`) after `import damcha_hf`."
+            )
+        seen.append(name)
+        for imported in sorted(get_relative_imports(path)):
+            if imported.startswith("."):  # `from ..package import x`: outside the module's folder, not a file of it
+                continue
+            if not imported.isidentifier():  # `from .pkg.mod import x`: not a file of this folder
+                raise HubPushError(f"{name} imports `.{imported}`, which is not a file of {folder}.")
+            pending.append(imported)
+    return sorted(seen)
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".svg", ".webp")
+
+
+def card_images(card_text: str) -> list[str]:
+    """Image links of the card that name a file of its folder (`![alt](loss_curve.png)`); URLs, paths and other
+    links are not followed."""
+    names = []
+    for link in IMAGE_LINK.findall(card_text):
+        plain = link == os.path.basename(link) and "\\" not in link and ":" not in link and link not in (".", "..")
+        if plain and link.lower().endswith(IMAGE_SUFFIXES):
+            names.append(link)
+    return names
+
+
+IMAGE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def family_auto_map(model_type: str) -> dict[str, str]:
+    """Every Auto class of a DAMCHA family (from `registration.AUTO_CLASS_TABLE`), as `auto_map` references."""
+    from ..registration import AUTO_CLASS_TABLE
+
+    def reference(cls) -> str:
+        return f"{cls.__module__.rsplit('.', 1)[-1]}.{cls.__name__}"
+
+    for config_class, model_classes in AUTO_CLASS_TABLE:
+        if config_class.model_type == model_type:
+            auto_map = {"AutoConfig": reference(config_class)}
+            auto_map.update({auto_class.__name__: reference(model_class) for auto_class, model_class in model_classes})
+            return auto_map
+    return {}
+
+
+def completed_config(folder: Path) -> tuple[dict, bool]:
+    """`config.json` with `auto_map` listing exactly the model family's classes (a checkpoint of one head then loads
+    with every Auto class under remote code, whichever class saved it; entries naming other code, e.g. carried over
+    from a downloaded checkpoint, are dropped); and whether that changed it."""
+    config = json.loads((folder / "config.json").read_text())
+    auto_map = config.get("auto_map") or {}
+    family = family_auto_map(config.get("model_type", ""))
+    completed = (family or auto_map) if auto_map else auto_map
+    changed = completed != auto_map
+    config["auto_map"] = completed
+    return config, changed
+
+
+def config_json_bytes(config: dict) -> bytes:
+    return (json.dumps(config, indent=2, sort_keys=True) + "\n").encode("utf-8")  # as transformers writes it
+
+
+def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
+    """`{path in repo: local file}` of what a push uploads: weights, config, code, preprocessor, card, images.
+
+    Raises `HubPushError` when the folder is not a complete safetensors checkpoint with its code.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise HubPushError(
+            f"{folder} is not a folder: pass a folder written by save_pretrained or save_hub_checkpoint."
+        )
+    if checked_file(folder, "config.json") is None:
+        raise HubPushError(
+            f"{folder} has no config.json: pass a folder written by save_pretrained or save_hub_checkpoint."
+        )
+    weights = sorted(path.name for path in folder.glob("*.safetensors") if checked_file(folder, path.name))
+    if not weights:
+        legacy = [path.name for path in folder.glob("*.bin") if path.name.startswith("pytorch_model")]
+        hint = f" (found {', '.join(legacy)}: pickled weights are not uploaded)" if legacy else ""
+        raise HubPushError(
+            f"{folder} has no safetensors weights{hint}; re-save with `model.save_pretrained(folder)`, which writes "
+            "model.safetensors."
+        )
+    saved_auto_map = json.loads((folder / "config.json").read_text()).get("auto_map") or {}
+    for key, reference in saved_auto_map.items():  # refuse absolute or `..` references, even those the push drops
+        auto_map_module(key, reference)
+    config, _ = completed_config(folder)
+    # A stock checkpoint (an MHA baseline trained by a recipe) loads with transformers alone; a DAMCHA one needs its code.
+    if not config.get("auto_map") and str(config.get("model_type", "")).startswith(MODEL_TYPE_PREFIX):
+        raise HubPushError(
+            f"{folder}/config.json has no auto_map, so the checkpoint would not load without damcha-hf; re-save it "
+            "after `import damcha_hf` (which registers the classes for remote code)."
+        )
+    names = list(CONFIG_FILES) + weights + [path.name for path in folder.glob("*.safetensors.index.json")]
+    names += auto_map_code_files(folder, config.get("auto_map") or {}) + list(PREPROCESSOR_FILES)
+    card = checked_file(folder, CARD_FILE)
+    if card is not None:
+        names += [CARD_FILE, *card_images(card.read_text(encoding="utf-8"))]
+    plan = {}
+    for name in dict.fromkeys(names):
+        path = checked_file(folder, name)
+        if path is not None:
+            plan[name] = path
+    return plan
+
+
+def local_path_markers(folder: Path, extra: Iterable[Path] = ()) -> list[str]:
+    """Absolute paths that must not appear in a public file: the folder, its parent, the home folder."""
+    markers = set()
+    for path in [folder, *extra]:
+        for variant in (Path(path).absolute(), Path(path).resolve()):
+            markers.update({str(variant), str(variant.parent)})
+    home = str(Path.home())
+    if len(home) > 1:
+        markers.add(home)
+    return sorted(marker for marker in markers if len(marker) > 1)
+
+
+def check_no_local_paths(folder: Path, files: Iterable[Path], extra: Iterable[Path] = ()) -> None:
+    markers = local_path_markers(folder, extra)
+    for path in files:
+        if path.suffix not in TEXT_SUFFIXES:
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for marker in markers:
+            if marker in text:
+                raise HubPushError(
+                    f"{path.name} contains the local path {marker!r}; remove it before sharing the file."
+                )
+
+
+def check_can_push(token: str | None) -> str:
+    """Fail before any network call when offline or without a token; returns the token to use."""
+    from huggingface_hub import constants, get_token
+
+    flags = [
+        name
+        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+        if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")
+    ]
+    if flags or constants.HF_HUB_OFFLINE:
+        raise HubPushError(
+            f"cannot push: Hugging Face Hub offline mode is on ({', '.join(flags) or 'HF_HUB_OFFLINE'}=1). "
+            "Unset it (e.g. `HF_HUB_OFFLINE=0 damcha-hf push ...`) on a machine with network access."
+        )
+    token = token or get_token()
+    if not token:
+        raise HubPushError(
+            "cannot push: no Hugging Face token. Pass --token (token=...), set HF_TOKEN, or run `hf auth login`; "
+            "the token needs write access."
+        )
+    return token
+
+
+def push_checkpoint(
+    folder: str | os.PathLike,
+    repo_id: str,
+    *,
+    private: bool = False,
+    revision: str | None = None,
+    token: str | None = None,
+    commit_message: str = "Upload DAMCHA checkpoint",
+) -> str:
+    """Upload a checkpoint folder to the Hub model repository `repo_id` (created if needed); returns the commit URL.
+
+    Uploads only the safetensors weights, config files (`config.json` with its `auto_map` completed to every Auto
+    class of the family), the model code named by `auto_map`, tokenizer or image processor files, `README.md` (with the repository id filled into its loading snippets) and the images it shows:
+    never optimizer, scheduler, RNG or trainer state. Raises `HubPushError`, before any network call, when offline
+    (`HF_HUB_OFFLINE=1`), without a token, or when a file would leak a local path.
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    token = check_can_push(token)
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise HubPushError(f"repo_id {repo_id!r} is not a valid Hub id ('name' or 'namespace/name'): {error}") from None
+    folder = Path(folder)
+    plan = upload_plan(folder)
+    check_no_local_paths(folder, plan.values())
+    operations = []
+    for path_in_repo, path in plan.items():
+        content = str(path)
+        if path_in_repo == CARD_FILE:
+            content = path.read_text(encoding="utf-8").replace(REPO_PLACEHOLDER, repo_id).encode("utf-8")
+        elif path_in_repo == "config.json":
+            config, changed = completed_config(folder)
+            content = config_json_bytes(config) if changed else content
+        operations.append(CommitOperationAdd(path_in_repo=path_in_repo, path_or_fileobj=content))
+    api = HfApi(token=token)
+    try:
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
+        if revision:
+            api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
+        commit = api.create_commit(
+            repo_id, operations=operations, commit_message=commit_message, revision=revision, repo_type="model"
+        )
+    except Exception as error:  # network, authentication, permission: one line, without the token
+        message = " ".join(str(error).split()).replace(token, "<token>") or type(error).__name__
+        raise HubPushError(
+            f"pushing to {repo_id} failed ({type(error).__name__}): {message[:300]}. Check the network, that the "
+            "token has write access to the repository, and try again."
+        ) from None
+    return commit.commit_url

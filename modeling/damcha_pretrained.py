@@ -80,7 +80,7 @@ class DamchaPreTrainedMixin:
         family = next(cls for cls in type(self).__mro__ if DamchaPreTrainedMixin in cls.__bases__)
         auto_map = {"AutoConfig": _code_reference(type(self.config))}
         for cls in [family, *_subclasses(family)]:
-            if getattr(cls, "_auto_class", None) and cls.__module__ == type(self).__module__:
+            if getattr(cls, "_auto_class", None) and cls.__module__ == self._defining_class().__module__:
                 auto_map[cls._auto_class] = _code_reference(cls)
         return auto_map
 
@@ -108,9 +108,24 @@ class DamchaPreTrainedMixin:
                 )
         return (model, loading_info) if wants_loading_info else model
 
+    def _defining_class(self) -> type:
+        """The model class as the modeling files define it. FSDP2's `fully_shard` re-classes a model as
+        `FSDP<Class>`, a subclass defined in torch; everything saved must name the class it extends."""
+        package = DamchaPreTrainedMixin.__module__.rpartition(".")[0]
+        return next(cls for cls in type(self).__mro__ if cls.__module__.rpartition(".")[0] == package)
+
     def save_pretrained(self, save_directory, *args, **kwargs):
         if self.is_remote_code():  # registered for remote code: the model files are copied next to the weights
             # Exactly this family's classes: entries naming other code (e.g. carried over from a downloaded
             # checkpoint's config) are dropped, since that code is not saved with the weights.
             self.config.auto_map = self.family_auto_map()
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        defining_class, saved_class = self._defining_class(), type(self)
+        if defining_class is saved_class:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        # An FSDP-wrapped model (`save_pretrained(..., state_dict=accelerator.get_state_dict(model))`): transformers
+        # would copy the wrapper's module, torch's FSDP files, as the model code and name `FSDP<Class>` in auto_map.
+        self.__class__ = defining_class
+        try:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            self.__class__ = saved_class

@@ -13,12 +13,15 @@ recipe then runs every process on the CPU with the gloo backend.)
 GPUs (DDP), or FSDP sharding the DAMCHA blocks:
     accelerate launch --config_file recipes/accelerate_configs/multi_gpu.yaml recipes/train_gpt2_accelerate.py
     accelerate launch --config_file recipes/accelerate_configs/fsdp.yaml recipes/train_gpt2_accelerate.py
+(Accelerate enables FSDP only on GPUs and other accelerators: on CPU it drops the FSDP plugin and runs DDP, so this
+recipe refuses an FSDP launch without one rather than silently training unsharded.)
 Resume the latest `checkpoint-N` (model, optimizer, scheduler, RNG and data position):
     accelerate launch ... recipes/train_gpt2_accelerate.py --output-dir runs/gpt2-acc --resume
 
 `--batch-size` is per process. At the end every process writes the SHA-256 of its parameters to
-`<output-dir>/parameter_sha256_rank<N>.txt` (they must all agree under DDP); the main process saves the model and
-tokenizer to `<output-dir>/final` and the evaluation to `<output-dir>/eval_results.json`.
+`<output-dir>/parameter_sha256_rank<N>.txt` (they must all agree under DDP; under FSDP, where each process holds a
+shard, the main process writes that of the gathered parameters); the main process saves the model and tokenizer to
+`<output-dir>/final` and the evaluation to `<output-dir>/eval_results.json`.
 
 On `--resume`, the checkpoint's model settings win: a model flag left out takes the checkpoint's value, one given with
 a different value is refused (naming every such flag).
@@ -53,11 +56,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def parameter_sha256(model) -> str:
+def parameter_sha256(model, state_dict: dict | None = None) -> str:
+    """SHA-256 over the model's parameters by name (a tied weight counts once), read from `state_dict` when given
+    (the gathered full parameters of an FSDP model, whose own parameters are this process's shards)."""
     digest = hashlib.sha256()
     for name, parameter in sorted(model.named_parameters()):
+        value = parameter if state_dict is None else state_dict[name]
         digest.update(name.encode())
-        digest.update(parameter.detach().float().cpu().contiguous().numpy().tobytes())
+        digest.update(value.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -116,6 +122,7 @@ def main(argv=None) -> dict:
         mixed_precision="bf16" if args.bf16 else None,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
+    check_fsdp_runs(accelerator, DistributedType)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     set_seed(args.seed)
@@ -218,28 +225,42 @@ def main(argv=None) -> dict:
     progress.close()
     results = evaluate(model, eval_loader, accelerator, byte_lengths)
     results.update(global_step=step, resumed_from=resume, num_processes=accelerator.num_processes)
-    checksum = parameter_sha256(accelerator.unwrap_model(model))
-    os.makedirs(args.output_dir, exist_ok=True)
-    common.safe_files.atomic_write(
-        os.path.join(args.output_dir, f"parameter_sha256_rank{accelerator.process_index}.txt"), checksum + "\n"
-    )
-    print(f"[rank {accelerator.process_index}] parameter sha256 {checksum}", flush=True)
-    accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
-    state_dict = accelerator.get_state_dict(model)  # gathers FSDP shards; every process must call it
+    state_dict = accelerator.get_state_dict(model)  # gathers FSDP shards onto the main process; every process calls it
+    sharded = accelerator.distributed_type == DistributedType.FSDP  # the unwrapped model holds only this shard
+    if accelerator.is_main_process or not sharded:
+        checksum = parameter_sha256(unwrapped, state_dict if sharded else None)
+        os.makedirs(args.output_dir, exist_ok=True)
+        common.safe_files.atomic_write(
+            os.path.join(args.output_dir, f"parameter_sha256_rank{accelerator.process_index}.txt"), checksum + "\n"
+        )
+        print(f"[rank {accelerator.process_index}] parameter sha256 {checksum}", flush=True)
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        final_model = unwrapped
+        if sharded:  # rebuilt whole from the gathered weights: the card's metric heatmap runs the model on this process
+            final_model = AutoModelForCausalLM.from_config(unwrapped.config)
+            final_model.load_state_dict(state_dict)
         final = os.path.join(args.output_dir, "final")
-        if accelerator.distributed_type == DistributedType.FSDP:  # the unwrapped model holds only this shard
-            unwrapped.save_pretrained(final, state_dict=state_dict)
-            tokenizer.save_pretrained(final)
-        else:
-            common.save_final_model(unwrapped, final, tokenizer_or_processor=tokenizer, log_history=log_history,
-                                    datasets=datasets)  # fmt: skip
+        common.save_final_model(final_model, final, tokenizer_or_processor=tokenizer, log_history=log_history,
+                                datasets=datasets)  # fmt: skip
         common.write_json(os.path.join(args.output_dir, "eval_results.json"), results)
         print(results)
         common.push_final_model(args, final)
     accelerator.end_training()
     return results
+
+
+def check_fsdp_runs(accelerator, DistributedType) -> None:
+    """Refuse an FSDP launch that Accelerate turned into DDP: without a GPU (or other accelerator) Accelerate builds
+    a multi-CPU state and drops the FSDP plugin, which would train every process on the full model."""
+    fsdp_requested = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if fsdp_requested and accelerator.distributed_type != DistributedType.FSDP:
+        raise ValueError(
+            f"the launch config asks for FSDP (distributed_type: FSDP), but Accelerate runs it as "
+            f"{accelerator.distributed_type.value}: Accelerate enables FSDP only on GPUs and other accelerators. On "
+            "CPU, launch with recipes/accelerate_configs/cpu_ddp_2proc.yaml (DDP over gloo) instead"
+        )
 
 
 class TiedWeightsNotice(logging.Filter):

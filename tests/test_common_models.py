@@ -1,12 +1,12 @@
-"""transformers' own common model tests (`ModelTesterMixin`, `ConfigTester`) run against the DAMCHA GPT-2 and ViT
-classes, as transformers runs them against GPT-2 and ViT.
+"""transformers' own common model tests (`ModelTesterMixin`, `ConfigTester`) run against the DAMCHA GPT-2, Llama and
+ViT classes, as transformers runs them against GPT-2, Llama and ViT.
 
 The mixins are vendored from the transformers 5.24.0 sdist (`tests/modeling_common/`, with stand-ins for the modules
 the sdist lacks). Each family runs twice: with the metric generator's output layer at zero (a fresh DAMCHA model,
 exactly multi-head attention) and with random non-zero generator weights (a trained one), so that the contract holds
 where the cross-head metric really changes the attention. Generation is covered by `tests/test_contract.py`.
 
-Run with `python -m pytest -m common` (left out of the default suite for time: 10-20 minutes on 2 CPU cores).
+Run with `python -m pytest -m common` (left out of the default suite for time).
 """
 
 import contextlib
@@ -22,8 +22,8 @@ from torch import nn
 from transformers import GPT2DoubleHeadsModel
 from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
-from damcha_hf import DamchaGPT2Config, DamchaViTConfig
-from damcha_hf.families import GPT2_FAMILY, VIT_FAMILY
+from damcha_hf import DamchaGPT2Config, DamchaLlamaConfig, DamchaViTConfig
+from damcha_hf.families import GPT2_FAMILY, LLAMA_FAMILY, VIT_FAMILY
 from damcha_hf.modeling import damcha_attention
 
 pytestmark = pytest.mark.common
@@ -32,7 +32,7 @@ TRANSFORMERS_VERSION = tuple(int(part) for part in transformers.__version__.spli
 
 
 def stock_class_of(model_class) -> type:
-    for family in (GPT2_FAMILY, VIT_FAMILY):
+    for family in (GPT2_FAMILY, LLAMA_FAMILY, VIT_FAMILY):
         for head in family.heads:
             if head.model_class is model_class:
                 return head.stock_class
@@ -175,6 +175,73 @@ class DamchaGPT2RandomGeneratorCommonTest(DamchaGPT2CommonTest):
     random_generator = True
 
 
+# --- Llama ------------------------------------------------------------------------------------------------------------
+
+
+class DamchaLlamaModelTester:
+    """As transformers' Llama tester (its `CausalLMModelTester` sizes), grouped-query by default: 4 query heads share
+    2 key/value heads, so the metric is `H_kv x H_kv` and the cache keeps its GQA size."""
+
+    def __init__(self, parent, batch_size=2, seq_length=7, vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, metric_context="token"):  # fmt: skip
+        self.parent = parent
+        self.batch_size, self.seq_length, self.vocab_size = batch_size, seq_length, vocab_size
+        self.hidden_size, self.num_hidden_layers = hidden_size, num_hidden_layers
+        self.num_attention_heads, self.num_key_value_heads = num_attention_heads, num_key_value_heads
+        self.metric_context = metric_context
+        self.is_training = True
+        self.num_labels = 3
+
+    def get_config(self) -> DamchaLlamaConfig:
+        return DamchaLlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            intermediate_size=37,
+            max_position_embeddings=512,
+            attention_dropout=0.1,
+            num_labels=self.num_labels,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+            metric_hidden_size=8,
+            metric_context=self.metric_context,
+        )
+
+    def prepare_config_and_inputs_for_common(self):
+        input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
+        attention_mask = random_attention_mask([self.batch_size, self.seq_length])
+        return self.get_config(), {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+class DamchaLlamaCommonTest(DamchaTesterMixin, GenerationTesterMixin, unittest.TestCase):
+    all_model_classes = tuple(head.model_class for head in LLAMA_FAMILY.heads)
+
+    def set_up_testers(self):
+        self.model_tester = DamchaLlamaModelTester(self)
+        # A width the heads divide (stock LlamaConfig refuses hidden_size=37 with its default 32 heads too), and
+        # key/value heads that divide the query heads, as the GPT-2 and ViT config tests do.
+        self.config_tester = ConfigTester(
+            self, config_class=DamchaLlamaConfig, hidden_size=36, num_attention_heads=12, num_key_value_heads=4
+        )
+
+    def test_config(self):
+        self.config_tester.run_common_tests()
+
+    def test_grouped_query_attention_is_what_runs(self):
+        config, _ = self.model_tester.prepare_config_and_inputs_for_common()
+        model = self.all_model_classes[0](config)
+        attention = model.layers[0].self_attn
+        self.assertEqual(attention.k_proj.out_features, 2 * attention.head_dim)
+        self.assertEqual(attention.q_proj.out_features, 4 * attention.head_dim)
+
+
+class DamchaLlamaRandomGeneratorCommonTest(DamchaLlamaCommonTest):
+    random_generator = True
+
+
 # --- ViT --------------------------------------------------------------------------------------------------------------
 
 
@@ -243,7 +310,8 @@ class DamchaViTRandomGeneratorCommonTest(DamchaViTCommonTest):
     random_generator = True
 
 
-def test_every_head_of_both_families_runs_the_common_tests():
+def test_every_head_of_every_family_runs_the_common_tests():
     """Nothing silently left out: each test class covers every head its family declares."""
     assert set(DamchaGPT2CommonTest.all_model_classes) == {head.model_class for head in GPT2_FAMILY.heads}
+    assert set(DamchaLlamaCommonTest.all_model_classes) == {head.model_class for head in LLAMA_FAMILY.heads}
     assert set(DamchaViTCommonTest.all_model_classes) == {head.model_class for head in VIT_FAMILY.heads}

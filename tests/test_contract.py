@@ -16,6 +16,7 @@ from conftest import (
     tiny_damcha_llama_config,
     tiny_damcha_vit_config,
 )
+from torch._dynamo.utils import counters
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 from transformers.models.gpt2 import modeling_gpt2
 from transformers.models.llama import modeling_llama
@@ -326,7 +327,10 @@ def test_compiled_static_cache_generation_equals_dynamic_cache_generation(varian
     torch._dynamo.reset()
     with torch.no_grad():
         dynamic = greedy(model, prompt)
+        counters.clear()
         compiled = greedy(model, prompt, cache_implementation="static", compile_config=compile_config)
+    # generate() really ran the decoding step compiled (it falls back to eager where it decides not to compile).
+    assert counters["stats"]["unique_graphs"] >= 1 and counters["stats"]["calls_captured"] > 0
     assert torch.equal(compiled.sequences, dynamic.sequences)
     torch.testing.assert_close(torch.stack(compiled.logits), torch.stack(dynamic.logits), rtol=1e-4, atol=1e-4)
 

@@ -1,11 +1,15 @@
-"""What every DAMCHA `PreTrainedModel` adds to the transformers base class it extends (GPT-2's, ViT's).
+"""What every DAMCHA `PreTrainedModel` adds to the transformers base class it extends (GPT-2's, Llama's, ViT's), and
+what every DAMCHA base model (the layer stack) adds: the stack-shared cross-head metric, passed down to its layers.
 
 Part of the remote-code payload: imports only transformers and its sibling files.
 """
 
+import functools
+
 from transformers import PreTrainedModel
 
 from .damcha_attention import (
+    CrossHeadMetric,
     check_attention_backend,
     cross_head_variant_of,
     eager_attn_implementation_for,
@@ -129,3 +133,27 @@ class DamchaPreTrainedMixin:
             return super().save_pretrained(save_directory, *args, **kwargs)
         finally:
             self.__class__ = saved_class
+
+
+def stack_cross_head_metric(config) -> CrossHeadMetric | None:
+    """The metric generator(s) a base model owns for its whole layer stack (`metric_sharing` decides how many).
+
+    Only DAMCHA has one; the baseline variants (talking-heads, DCMHA, plain attention) carry no unused parameters.
+    """
+    return CrossHeadMetric.from_config(config) if cross_head_variant_of(config) == "damcha" else None
+
+
+def forward_with_cross_head_metric(stock_forward):
+    """A base model's `forward`: the stock class's `stock_forward` (whose signature it keeps, for `generate` and the
+    Trainer's input filtering), called with `cross_head_metric=self.cross_head_metric`, which the stock forward hands on
+    to every attention layer through its `**kwargs`.
+
+    The metric travels down with the call, rather than as a module reference held by each layer, so that wrappers
+    (PEFT's modules_to_save, FSDP) that replace `self.cross_head_metric` are always the ones used.
+    """
+
+    @functools.wraps(stock_forward)
+    def forward(self, *args, **kwargs):
+        return stock_forward(self, *args, cross_head_metric=self.cross_head_metric, **kwargs)
+
+    return forward

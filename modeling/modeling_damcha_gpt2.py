@@ -9,8 +9,6 @@ and `cache` in 5.24, `ALL_ATTENTION_FUNCTIONS`, output recording) this file reli
 checks that every class here still has the modules, attributes and forward arguments of the class it extends.
 """
 
-import functools
-
 import torch
 from torch import nn
 from transformers import GenerationMixin
@@ -34,10 +32,9 @@ from .damcha_attention import (
     CrossHeadMetric,
     build_cross_head_mixing,
     cross_head_attention,
-    cross_head_variant_of,
 )
 from .damcha_family import DamchaFamily, DamchaHead
-from .damcha_pretrained import DamchaPreTrainedMixin
+from .damcha_pretrained import DamchaPreTrainedMixin, forward_with_cross_head_metric, stack_cross_head_metric
 
 
 def upcast_and_reordered_attention(module, query, key, value, attention_mask, **kwargs):
@@ -121,18 +118,12 @@ class DamchaGPT2Model(DamchaGPT2PreTrainedModel, GPT2Model):
         self.drop = nn.Dropout(config.embd_pdrop)
         self.h = nn.ModuleList([DamchaGPT2Block(config, layer_idx=i) for i in range(config.num_hidden_layers)])
         self.ln_f = nn.LayerNorm(self.embed_dim, eps=config.layer_norm_epsilon)
-        # Only DAMCHA has a metric generator; the other variants carry no unused parameters.
-        damcha = cross_head_variant_of(config) == "damcha"
-        self.cross_head_metric = CrossHeadMetric.from_config(config) if damcha else None
+        self.cross_head_metric = stack_cross_head_metric(config)
         self.gradient_checkpointing = False
         self._attn_implementation = config._attn_implementation
         self.post_init()
 
-    @functools.wraps(GPT2Model.forward)
-    def forward(self, *args, **kwargs):
-        # The metric travels down to every attention layer with the call, rather than as a module reference held
-        # by each layer, so that wrappers (PEFT's modules_to_save, FSDP) that replace it are always the ones used.
-        return GPT2Model.forward(self, *args, cross_head_metric=self.cross_head_metric, **kwargs)
+    forward = forward_with_cross_head_metric(GPT2Model.forward)
 
 
 class DamchaGPT2LMHeadModel(DamchaGPT2PreTrainedModel, GPT2LMHeadModel, GenerationMixin):

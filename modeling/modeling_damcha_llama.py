@@ -11,8 +11,6 @@ argument, named `past_key_values` in 5.23 and `cache` in 5.24, `ALL_ATTENTION_FU
 relies on.
 """
 
-import functools
-
 import torch
 from torch import nn
 from transformers import GenerationMixin
@@ -37,10 +35,9 @@ from .damcha_attention import (
     CrossHeadMetric,
     build_cross_head_mixing,
     cross_head_attention,
-    cross_head_variant_of,
 )
 from .damcha_family import DamchaFamily, DamchaHead
-from .damcha_pretrained import DamchaPreTrainedMixin
+from .damcha_pretrained import DamchaPreTrainedMixin, forward_with_cross_head_metric, stack_cross_head_metric
 
 
 class DamchaLlamaAttention(LlamaAttention):
@@ -122,17 +119,11 @@ class DamchaLlamaModel(DamchaLlamaPreTrainedModel, LlamaModel):
         )
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
-        # Only DAMCHA has a metric generator; the other variants carry no unused parameters.
-        damcha = cross_head_variant_of(config) == "damcha"
-        self.cross_head_metric = CrossHeadMetric.from_config(config) if damcha else None
+        self.cross_head_metric = stack_cross_head_metric(config)
         self.gradient_checkpointing = False
         self.post_init()
 
-    @functools.wraps(LlamaModel.forward)
-    def forward(self, *args, **kwargs):
-        # The metric travels down to every attention layer with the call, rather than as a module reference held
-        # by each layer, so that wrappers (PEFT's modules_to_save, FSDP) that replace it are always the ones used.
-        return LlamaModel.forward(self, *args, cross_head_metric=self.cross_head_metric, **kwargs)
+    forward = forward_with_cross_head_metric(LlamaModel.forward)
 
 
 class DamchaLlamaForCausalLM(DamchaLlamaPreTrainedModel, LlamaForCausalLM, GenerationMixin):

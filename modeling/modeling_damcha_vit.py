@@ -38,7 +38,7 @@ from .damcha_attention import (
     cross_head_variant_of,
 )
 from .damcha_family import DamchaFamily, DamchaHead
-from .damcha_pretrained import DamchaPreTrainedMixin
+from .damcha_pretrained import DamchaPreTrainedMixin, stack_cross_head_metric
 
 
 class DamchaViTAttention(ViTAttention):
@@ -167,9 +167,7 @@ class DamchaViTModel(DamchaViTPreTrainedModel, ViTModel):
         self.layers = nn.ModuleList([DamchaViTLayer(config, layer_idx=i) for i in range(config.num_hidden_layers)])
         self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.pooler = ViTPooler(config) if add_pooling_layer else None
-        # Only DAMCHA has a metric generator; the other variants carry no unused parameters.
-        damcha = cross_head_variant_of(config) == "damcha"
-        self.cross_head_metric = CrossHeadMetric.from_config(config) if damcha else None
+        self.cross_head_metric = stack_cross_head_metric(config)
         self.post_init()
 
     @functools.wraps(ViTModel.forward)
@@ -186,8 +184,7 @@ class DamchaViTModel(DamchaViTPreTrainedModel, ViTModel):
         if sequence_metric and attention_mask is not None:
             # `"sequence"` takes its metric from the mean over the tokens the mask keeps (padding leaves it unchanged).
             kwargs["token_mask"] = attended_tokens(attention_mask)
-        # The metric travels down to every attention layer with the call, rather than as a module reference held
-        # by each layer, so that wrappers (PEFT's modules_to_save, FSDP) that replace it are always the ones used.
+        # Passes the stack's metric down as `forward_with_cross_head_metric` does (see there why), after ViT's checks.
         return ViTModel.forward(
             self,
             pixel_values,

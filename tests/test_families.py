@@ -14,6 +14,7 @@ import torch
 import transformers
 from conftest import TINY_VIT, randomize_metric, tiny_gpt2_config, tiny_llama_config
 from test_remote_code import load_in_fresh_process
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 import damcha_hf
 from damcha_hf.families import FAMILIES, family_for_model_type
@@ -88,6 +89,7 @@ def test_every_family_has_a_case_and_a_consistent_declaration():
     for family in FAMILIES:
         assert family_for_model_type(family.model_type) is family is family_for_model_type(family.damcha_model_type)
         assert family.heads[0].auto_class == "AutoModel" and family.task_head.pipeline_tag
+        assert type(transformers.AutoConfig.for_model(family.damcha_model_type)) is family.config_class
         for head in family.heads:
             assert issubclass(head.model_class, head.stock_class)  # DAMCHA classes extend the stock ones
             config = family.config_class(**CASES[family.model_type].stock_config().to_dict())
@@ -164,8 +166,12 @@ def test_gradient_checkpointing_gives_the_same_gradients(name):
 
     plain = gradients()
     model.activation_checkpointing_enable()  # transformers 5's name for gradient_checkpointing_enable
+    layers = [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
+    assert layers and all(layer.gradient_checkpointing for layer in layers)
     checkpointed = gradients()
-    assert plain.keys() == checkpointed.keys() and any("cross_head_metric" in key for key in plain)
+    assert plain.keys() == checkpointed.keys()
+    metric_gradients = [gradient for key, gradient in plain.items() if "cross_head_metric" in key]
+    assert metric_gradients and all(gradient.abs().max() > 0 for gradient in metric_gradients)  # reaches G
     for key, gradient in plain.items():
         torch.testing.assert_close(checkpointed[key], gradient, rtol=1e-4, atol=1e-6, msg=key)
 
@@ -181,9 +187,13 @@ def test_checkpoint_loads_with_remote_code_without_the_plugin(name, tmp_path):
     heads = [model_head for model_head in CASES[name].family.heads if model_head.model_class is type(model)]
     heads += [other for other in CASES[name].family.heads if other not in heads]
     heads = [head for head in heads if head.auto_class]  # remote code loads through an Auto class
+    stock = CASES[name].family.head_of(type(model)).stock_class.from_pretrained(folder).eval()
+    with torch.no_grad():  # the stock class reads the same weights: the copied metric code must make the difference
+        assert not torch.allclose(first_output(stock(**inputs)), expected, atol=1e-3)
     report = load_in_fresh_process(folder, inputs, [head.auto_class for head in heads], tmp_path / "fresh")
     assert report["damcha_hf_importable"] is False and report["plugin_modules"] == []
     for head in heads:
         module, class_name = report["classes"][head.auto_class]
         assert class_name == head.model_class.__name__ and module.startswith("transformers_modules.")
+        assert module.endswith("." + head.model_class.__module__.rsplit(".", 1)[-1])  # the copied model file
     assert torch.equal(report["logits"], expected)

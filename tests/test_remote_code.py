@@ -149,34 +149,6 @@ def test_auto_map_lists_the_whole_family_whichever_class_is_saved(model_class, m
         assert all(f"{module}.py" in python_files for module in relative), (name, relative)
 
 
-def test_gpt2_checkpoint_loads_with_trust_remote_code_without_the_plugin(tmp_path):
-    model = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config()).eval()
-    randomize_metric(model)  # a non-identity C, so the copied metric code must really run
-    folder = tmp_path / "checkpoint"
-    model.save_pretrained(folder)
-    inputs = {"input_ids": torch.randint(0, model.config.vocab_size, (2, 11))}
-    with torch.no_grad():
-        expected = model(**inputs).logits
-    vanilla = transformers.GPT2LMHeadModel.from_pretrained(folder).eval()
-    with torch.no_grad():
-        assert not torch.allclose(vanilla(**inputs).logits, expected, atol=1e-3)  # the metric matters here
-
-    auto_classes = ["AutoModelForCausalLM", "AutoModel", "AutoModelForSequenceClassification"]
-    report = load_in_fresh_process(folder, inputs, auto_classes, tmp_path / "fresh")
-
-    assert report["damcha_hf_importable"] is False and report["plugin_modules"] == []
-    expected_classes = [
-        damcha_hf.DamchaGPT2LMHeadModel,
-        damcha_hf.DamchaGPT2Model,
-        damcha_hf.DamchaGPT2ForSequenceClassification,
-    ]
-    for auto_class, expected_class in zip(auto_classes, expected_classes):
-        module, class_name = report["classes"][auto_class]
-        assert class_name == expected_class.__name__
-        assert module.startswith("transformers_modules.") and module.endswith(".modeling_damcha_gpt2")
-    assert torch.equal(report["logits"], expected)
-
-
 @pytest.mark.parametrize("context", ["query"])  # "token" (the default): test_families.py
 def test_grouped_query_llama_checkpoint_loads_with_trust_remote_code_without_the_plugin(tmp_path, context):
     model = damcha_hf.DamchaLlamaForCausalLM(tiny_damcha_llama_config(metric_context=context)).eval()

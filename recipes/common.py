@@ -438,6 +438,35 @@ def language_model_flags(saved_config: dict) -> dict[str, str]:
     return LLAMA_MODEL_FLAGS if saved_config.get("model_type") in ("llama", "damcha_llama") else GPT2_MODEL_FLAGS
 
 
+def check_language_model_resume(args: argparse.Namespace, resume: str | None) -> None:
+    """`check_resume_settings` for the language-model recipes: the checkpoint's architecture (`--model-type`, left out:
+    taken from the checkpoint) and its sizes under that architecture's field names (Llama's or GPT-2's) win."""
+    if not resume:
+        return
+    saved = saved_model_config(resume)
+    saved_type = saved.get("model_type")
+    if saved_type in LANGUAGE_MODEL_TYPES:
+        requested = {"damcha": "damcha_gpt2"}.get(args.model_type, args.model_type)
+        if "model_type" in args.explicit and requested != saved_type:
+            raise ValueError(
+                f"--resume {resume}: the checkpoint is a {saved_type} model, not --model-type {args.model_type}. Leave "
+                "--model-type out (the checkpoint's is used), or start a new run in another --output-dir."
+            )
+        args.model_type = saved_type
+    check_resume_settings(args, resume, language_model_flags(saved), saved)
+
+
+def check_new_language_model_sizes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--n-head divides --n-embd; --n-kv-head is Llama's (grouped-query) and divides --n-head."""
+    checks.check_heads_divide_width(parser, args.n_embd, args.n_head, width_flag="--n-embd", heads_flag="--n-head")
+    if args.n_kv_head is not None:
+        if args.model_type not in ("llama", "damcha_llama"):
+            parser.error(f"--n-kv-head applies to --model-type llama or damcha_llama (grouped-query attention), not "
+                         f"{args.model_type}; leave it out for GPT-2.")  # fmt: skip
+        checks.check_heads_divide_width(parser, args.n_head, args.n_kv_head, width_flag="--n-head",
+                                        heads_flag="--n-kv-head")  # fmt: skip
+
+
 def add_text_data_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data")
     group.add_argument(

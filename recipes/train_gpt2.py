@@ -7,8 +7,8 @@
     python recipes/train_gpt2.py --output-dir runs/gpt2 --resume                  # continue the latest checkpoint
     python recipes/train_gpt2.py --model-type damcha_llama --n-head 8 --n-kv-head 2   # Llama, grouped-query
 
-On `--resume`, the checkpoint's model settings win: a model flag left out takes the checkpoint's value, one given with
-a different value is refused (naming every such flag).
+On `--resume`, the checkpoint's model settings (`--model-type` included) win: a model flag left out takes the
+checkpoint's value, one given with a different value is refused (naming every such flag).
 
 Data (`--data`): a text file, a folder of .txt files, a glob, `stdlib` (the Python standard library's sources, on
 every machine) or `gcide`. The model, its tokenizer and a model card (`damcha_hf.hub`) with a
@@ -34,14 +34,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                   max_steps=1000)  # fmt: skip
     args = common.parse_checked(parser, argv, run_name=common.language_model_run_name)
     if not args.init_from:
-        common.checks.check_heads_divide_width(parser, args.n_embd, args.n_head, width_flag="--n-embd",
-                                               heads_flag="--n-head")  # fmt: skip
-    if args.n_kv_head is not None and not args.init_from:
-        if args.model_type not in ("llama", "damcha_llama"):
-            parser.error(f"--n-kv-head applies to --model-type llama or damcha_llama (grouped-query attention), not "
-                         f"{args.model_type}; leave it out for GPT-2.")  # fmt: skip
-        common.checks.check_heads_divide_width(parser, args.n_head, args.n_kv_head, width_flag="--n-head",
-                                               heads_flag="--n-kv-head")  # fmt: skip
+        common.check_new_language_model_sizes(parser, args)
     if args.init_from and not os.path.isdir(args.init_from):
         parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
     return args
@@ -69,9 +62,7 @@ def build_model(args, tokenizer):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     resume = common.resolve_resume(args.resume, args.output_dir)
-    if resume:
-        saved = common.saved_model_config(resume)
-        common.check_resume_settings(args, resume, common.language_model_flags(saved), saved)
+    common.check_language_model_resume(args, resume)
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
     common.check_push(args)
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-r"""Pretrain a DAMCHA GPT-2 with a plain Accelerate loop: the same model, data and metrics as `train_gpt2.py`.
+r"""Pretrain a DAMCHA GPT-2 or Llama with a plain Accelerate loop: the models, data and metrics of `train_gpt2.py`.
 
 One process:
     accelerate launch --config_file recipes/accelerate_configs/single_process.yaml \
         recipes/train_gpt2_accelerate.py --data corpus.txt --output-dir runs/gpt2-acc
+    ... recipes/train_gpt2_accelerate.py --model-type damcha_llama --n-head 8 --n-kv-head 2   # Llama, grouped-query
 Several CPU processes (DDP over gloo; every process keeps identical weights):
     accelerate launch --config_file recipes/accelerate_configs/cpu_ddp_2proc.yaml recipes/train_gpt2_accelerate.py
     accelerate launch --multi_gpu --num_processes 2 recipes/train_gpt2_accelerate.py    # the same, without a file
@@ -23,8 +24,8 @@ Resume the latest `checkpoint-N` (model, optimizer, scheduler, RNG and data posi
 shard, the main process writes that of the gathered parameters); the main process saves the model and tokenizer to
 `<output-dir>/final` and the evaluation to `<output-dir>/eval_results.json`.
 
-On `--resume`, the checkpoint's model settings win: a model flag left out takes the checkpoint's value, one given with
-a different value is refused (naming every such flag).
+On `--resume`, the checkpoint's model settings (`--model-type` included) win: a model flag left out takes the
+checkpoint's value, one given with a different value is refused (naming every such flag).
 """
 
 import argparse
@@ -51,8 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser, output_dir="runs/accelerate-{settings}", batch_size=16, learning_rate=2e-3, max_steps=1000
     )
     args = common.parse_checked(parser, argv, run_name=common.language_model_run_name)
-    common.checks.check_heads_divide_width(parser, args.n_embd, args.n_head, width_flag="--n-embd",
-                                           heads_flag="--n-head")  # fmt: skip
+    common.check_new_language_model_sizes(parser, args)
     return args
 
 
@@ -102,8 +102,7 @@ def _evaluate(model, loader, accelerator, byte_lengths) -> dict:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     resume = common.resolve_resume(args.resume, args.output_dir, marker=STATE_FILE)
-    if resume:
-        common.check_resume_settings(args, resume, common.GPT2_MODEL_FLAGS, common.saved_model_config(resume))
+    common.check_language_model_resume(args, resume)
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
     common.check_push(args)
 

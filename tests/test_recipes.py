@@ -193,6 +193,38 @@ def test_accelerate_recipe_resumes_at_the_saved_step(tmp_path, corpus):
     ).read_text()
 
 
+def test_accelerate_recipe_trains_and_resumes_a_grouped_query_llama(tmp_path, corpus):
+    model_flags = ["--model-type", "damcha_llama", "--n-layer", "1", "--n-embd", "32", "--n-head", "4",
+                   "--n-kv-head", "2", "--block-size", "32", "--metric-hidden-size", "8"]  # fmt: skip
+    run_flags = ["--data", corpus, "--batch-size", "8", "--learning-rate", "3e-3", "--logging-steps", "1",
+                 "--max-eval-samples", "16", "--num-threads", "1", "--max-steps", "6", "--save-steps", "3",
+                 "--eval-steps", "3"]  # fmt: skip
+    _accelerate([*run_flags, *model_flags, "--output-dir", str(tmp_path / "full")])
+    uninterrupted = losses(
+        json.loads((tmp_path / "full" / "checkpoint-6" / "loop_state.json").read_text())["log_history"]
+    )
+    assert_loss_goes_down(uninterrupted)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "full" / "final")
+    assert type(model) is damcha_hf.DamchaLlamaForCausalLM
+    assert (model.config.num_attention_heads, model.config.num_key_value_heads) == (4, 2)
+    checksum = (tmp_path / "full" / "parameter_sha256_rank0.txt").read_text()
+    assert load_recipe("train_gpt2_accelerate").parameter_sha256(model) + "\n" == checksum
+
+    # Resumed with the model flags left out: the checkpoint's architecture and sizes are used.
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    shutil.copytree(tmp_path / "full" / "checkpoint-3", resumed_dir / "checkpoint-3")
+    with pytest.raises(ValueError, match="checkpoint is a damcha_llama model, not --model-type gpt2"):
+        load_recipe("train_gpt2_accelerate").main([*run_flags, "--model-type", "gpt2", "--output-dir",
+                                                   str(resumed_dir), "--resume"])  # fmt: skip
+    completed = _accelerate([*run_flags, "--output-dir", str(resumed_dir), "--resume"])
+    assert "at step 3" in completed.stdout
+    state = json.loads((resumed_dir / "checkpoint-6" / "loop_state.json").read_text())
+    for step in (4, 5, 6):
+        assert losses(state["log_history"])[step] == pytest.approx(uninterrupted[step], rel=1e-5)
+    assert (resumed_dir / "parameter_sha256_rank0.txt").read_text() == checksum
+
+
 def test_accelerate_two_cpu_processes_keep_identical_parameters(tmp_path, corpus):
     accelerate = [str(Path(sys.executable).parent / "accelerate"), "launch",
                   "--config_file", str(RECIPES / "accelerate_configs" / "cpu_ddp_2proc.yaml"),

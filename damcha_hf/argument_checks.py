@@ -89,6 +89,19 @@ def _number(text: str, kind: type):
     return value
 
 
+def hub_id(text: str) -> str:
+    """A Hub repository id (`owner/name` or `name`), never a local path: a path written into a published file would
+    leak the machine's folder layout and mean nothing to anyone else."""
+    import os
+
+    if os.path.isabs(text) or text.startswith((".", "~")) or os.path.isdir(text) or text.count("/") > 1 or not text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} looks like a local path, not a Hub id; give the id the model is published under, e.g. "
+            "'your-name/damcha-gpt2-base'"
+        )
+    return text
+
+
 def text_data_source(text: str) -> str:
     """`--data` of a text recipe: 'stdlib', 'gcide', or an existing file, folder or glob that matches files."""
     import glob

@@ -18,11 +18,19 @@ since a new dataset needs a new head). The adapter goes to `<output-dir>/adapter
 and `<output-dir>/merged` is a plain DAMCHA checkpoint (no PEFT needed to load it).
 
 A language model's adapter reloads with plain PEFT: the DAMCHA model LoRA was trained on (the converted base, with its
-model code) is saved to `<output-dir>/base`, the adapter's `base_model_name_or_path` points at it (an absolute path:
-edit it in `adapter_config.json` if you move the folders), and the adapter's README.md says how:
+model code) is saved to `<output-dir>/base`, and the adapter's README.md says how to load it. The adapter's
+`base_model_name_or_path` is never an absolute path (it would publish the machine's folder layout with the adapter
+and mean nothing elsewhere): `--base-model-id` when given (the Hub id you publish `<output-dir>/base` under), else
+the base folder relative to the current folder (`runs/lora-.../base`, which PEFT resolves against the folder you
+load from), or `../base` (relative to the adapter) when the run folder is outside the current folder:
 
     from peft import AutoPeftModelForCausalLM
     model = AutoPeftModelForCausalLM.from_pretrained("runs/lora-.../adapter", trust_remote_code=True)
+    # from any folder: name the base yourself
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained("runs/lora-.../base", trust_remote_code=True)
+    model = PeftModel.from_pretrained(base, "runs/lora-.../adapter")
 """
 
 import argparse
@@ -43,6 +51,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     lora.add_argument("--lora-dropout", type=common.checks.probability, default=0.0)
     lora.add_argument("--freeze-generator", action="store_true", help="do not train the metric generator")
     lora.add_argument("--merge", action="store_true", help="merge LoRA into the weights and save <output-dir>/merged")
+    lora.add_argument("--base-model-id", type=common.checks.hub_id, help="the Hub id you publish <output-dir>/base under (e.g. "
+                      "your-name/damcha-gpt2-base), written as the adapter's base_model_name_or_path so that "
+                      "AutoPeftModelForCausalLM loads the adapter anywhere (default: <output-dir>/base relative to "
+                      "the current folder, or ../base when the run folder is outside it)")  # fmt: skip
     data = parser.add_argument_group("data (GPT-2, Llama: text; ViT: images)")
     data.add_argument("--data", help="GPT-2, Llama: text file/folder/glob/'stdlib'/'gcide'; ViT: image folder or "
                       "'fashion-mnist' (default: 'stdlib' or 'fashion-mnist')")  # fmt: skip
@@ -205,10 +217,15 @@ def main(argv=None) -> dict:
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, trainable_parameters=trainable)
 
     adapter = os.path.join(args.output_dir, "adapter")
-    peft_model.peft_config["default"].base_model_name_or_path = os.path.abspath(base_folder)
-    peft_model.save_pretrained(adapter)
+    base_reference = adapter_base_reference(args.base_model_id, base_folder)
+    peft_model.peft_config["default"].base_model_name_or_path = base_reference
+    # The embeddings are frozen and `<output-dir>/base` holds them as trained: no copy in the adapter (PEFT's "auto"
+    # would look for the base's config at a Hub id or relative path to decide that, and warn when it cannot).
+    peft_model.save_pretrained(adapter, save_embedding_layers=False)
     processing.save_pretrained(adapter)
-    common.safe_files.atomic_write(os.path.join(adapter, "README.md"), adapter_card(args, family, trainable))
+    card = adapter_card(args, family, trainable, base_reference)
+    common.safe_files.atomic_write(os.path.join(adapter, "README.md"), card)
+    check_adapter_has_no_local_paths(adapter, args.output_dir)
     if args.merge:
         merged = peft_model.merge_and_unload()
         common.save_final_model(merged, os.path.join(args.output_dir, "merged"), tokenizer_or_processor=processing,
@@ -219,37 +236,72 @@ def main(argv=None) -> dict:
 
 
 ADAPTER_PLACEHOLDER = "path/to/adapter"
+BASE_PLACEHOLDER = "path/to/base"
 
 
-def adapter_card(args, family, trainable: list[str]) -> str:
+def adapter_base_reference(base_model_id: str | None, base_folder: str) -> str:
+    """The adapter's `base_model_name_or_path`: the Hub id the base is published under when given, else the base
+    folder relative to the current folder (PEFT resolves a relative path against the folder it is loaded from), or
+    `../base` (beside the adapter) when the run folder is outside the current folder. Never an absolute path."""
+    if base_model_id:
+        return base_model_id
+    relative = os.path.relpath(base_folder)
+    if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+        return os.pardir + "/" + os.path.basename(base_folder)
+    return relative.replace(os.sep, "/")
+
+
+def check_adapter_has_no_local_paths(adapter: str, output_dir: str) -> None:
+    """Refuse (before anyone pushes it) an adapter folder whose files name the machine's absolute paths."""
+    from pathlib import Path
+
+    from damcha_hf.hub import check_no_local_paths
+
+    folder = Path(adapter)
+    check_no_local_paths(folder, sorted(folder.iterdir()), extra=[Path(output_dir)])
+
+
+def adapter_card(args, family, trainable: list[str], base_reference: str) -> str:
     """The adapter's README.md (PEFT's own is an empty template): what it holds and how to load it."""
     generator = "frozen" if args.freeze_generator else "trained in full (PEFT `modules_to_save`)"
+    base_line = [f"base_model: {args.base_model_id}"] if args.base_model_id else []
     lines = [
-        "---", "library_name: peft", "tags:", "- damcha", "- lora", f"- {family.model_type}", "---", "",
+        "---", "library_name: peft", *base_line, "tags:", "- damcha", "- lora", f"- {family.model_type}", "---", "",
         f"# LoRA adapter for a DAMCHA {family.display_name} model", "",
         f"LoRA (rank {args.lora_rank}, alpha {args.lora_alpha:g}) on `{'`, `'.join(family.lora_target_modules)}`; "
         f"the cross-head modules {generator}; {len(trainable)} trainable tensors. Trained for {args.max_steps} steps "
         "with `recipes/finetune_lora.py` of damcha-hf.", "",
         "## How to load", "",
     ]  # fmt: skip
+    where = (
+        f"the Hub repository `{base_reference}` (publish `<output-dir>/base` there)"
+        if args.base_model_id
+        else f"`{base_reference}`, the DAMCHA base model saved beside the adapter (`<output-dir>/base`), as a path "
+        + ("relative to the adapter folder" if base_reference.startswith("..") else "relative to the folder "
+           "training ran in")
+    )  # fmt: skip
     if family.vision:
         lines += [
-            "Load the base DAMCHA model (`../base` of the run folder) and attach the adapter:", "",
+            "Load the base DAMCHA model (`<output-dir>/base` of the run folder) and attach the adapter:", "",
             "```python", "import damcha_hf  # registers the DAMCHA classes", "from peft import PeftModel",
             "from transformers import AutoModelForImageClassification", "",
-            'base = AutoModelForImageClassification.from_pretrained("path/to/base")',
-            f'model = PeftModel.from_pretrained(base, "{ADAPTER_PLACEHOLDER}")', "```",
+            f'base = AutoModelForImageClassification.from_pretrained("{BASE_PLACEHOLDER}")',
+            f'model = PeftModel.from_pretrained(base, "{ADAPTER_PLACEHOLDER}")', "```", "",
+            f"`base_model_name_or_path` in `adapter_config.json` is {where}.",
         ]  # fmt: skip
         return "\n".join(lines) + "\n"
     lines += [
         "With plain PEFT, in any process (the damcha-hf plugin is not needed: the base checkpoint carries the model "
         "code, which `trust_remote_code=True` lets transformers run; read it first). `base_model_name_or_path` in "
-        "`adapter_config.json` is the absolute path of the DAMCHA base model saved beside the adapter (`../base`); "
-        "edit it if you move the folders.", "",
+        f"`adapter_config.json` is {where}; `AutoPeftModelForCausalLM` loads the base from there:", "",
         "```python", "from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer", "",
         f'model = AutoPeftModelForCausalLM.from_pretrained("{ADAPTER_PLACEHOLDER}", trust_remote_code=True)',
         f'tokenizer = AutoTokenizer.from_pretrained("{ADAPTER_PLACEHOLDER}", trust_remote_code=True)',
         "merged = model.merge_and_unload()  # a plain DAMCHA model", "```", "",
+        "From any other folder, or with the base somewhere else, name the base yourself:", "",
+        "```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM", "",
+        f'base = AutoModelForCausalLM.from_pretrained("{BASE_PLACEHOLDER}", trust_remote_code=True)',
+        f'model = PeftModel.from_pretrained(base, "{ADAPTER_PLACEHOLDER}")', "```", "",
         "With the plugin installed, `trust_remote_code` is not needed (`import damcha_hf` registers the classes).",
     ]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -48,7 +48,7 @@ def card_snippets(folder: Path) -> list[str]:
     return [block.replace(hub.REPO_PLACEHOLDER, str(folder)) for block in blocks]
 
 
-def run_snippets(snippets: list[str], work_dir: Path, *, plugin: bool) -> str:
+def run_snippets(snippets: list[str], work_dir: Path, *, plugin: bool, cwd: Path | None = None) -> str:
     work_dir.mkdir(parents=True, exist_ok=True)
     runner = work_dir / "run_snippets.py"
     runner.write_text(SNIPPET_RUNNER.format(repo_root=str(REPO_ROOT)))
@@ -61,7 +61,7 @@ def run_snippets(snippets: list[str], work_dir: Path, *, plugin: bool) -> str:
     completed = subprocess.run(
         [sys.executable, "-I", str(runner), "with-plugin" if plugin else "without-plugin", *map(str, files)],
         check=False,
-        cwd=work_dir,
+        cwd=cwd or work_dir,
         env=env,
         stdin=subprocess.DEVNULL,  # an interactive prompt reads EOF and fails instead of waiting
         capture_output=True,
@@ -106,47 +106,113 @@ def test_every_card_snippet_runs_non_interactively_as_written(checkpoints, tmp_p
     assert printed.count(" OK ") == len(with_plugin) and "DamchaGPT2LMHeadModel" in printed
 
 
-def test_a_lora_adapter_reloads_with_plain_peft_without_the_plugin(tmp_path):
-    """`AutoPeftModelForCausalLM.from_pretrained(adapter, trust_remote_code=True)`, as the adapter's card says, gives
-    the trained model: the same logits as the merged checkpoint the recipe writes."""
+def load_lora_recipe():
     import importlib.util
-
-    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
     spec = importlib.util.spec_from_file_location("snippets_finetune_lora", REPO_ROOT / "recipes" / "finetune_lora.py")
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
+    return recipe
+
+
+def train_lora_adapter(recipe, folder: Path, output_dir: str, *extra: str):
+    """A tiny stock GPT-2 in `folder/gpt2`, a corpus, and three LoRA steps on them into `output_dir`."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     tokenizer = byte_level_tokenizer()
-    base = tmp_path / "gpt2"
+    base = folder / "gpt2"
     config = GPT2Config(vocab_size=len(tokenizer), n_positions=32, n_embd=32, n_layer=1, n_head=4)
     GPT2LMHeadModel(config).save_pretrained(base)
     tokenizer.save_pretrained(base)
-    corpus = tmp_path / "corpus.txt"
+    corpus = folder / "corpus.txt"
     corpus.write_text("".join(f"line {index} of a small corpus for the adapter\n" for index in range(200)))
-    run = tmp_path / "run"
-    recipe.main(["--base", str(base), "--data", str(corpus), "--output-dir", str(run), "--max-steps", "3",
+    recipe.main(["--base", str(base), "--data", str(corpus), "--output-dir", output_dir, "--max-steps", "3",
                  "--block-size", "32", "--batch-size", "4", "--metric-hidden-size", "8", "--learning-rate", "1e-2",
-                 "--max-eval-samples", "4", "--num-threads", "1", "--merge"])  # fmt: skip
+                 "--max-eval-samples", "4", "--num-threads", "1", "--merge", *extra])  # fmt: skip
+    return tokenizer
+
+
+def assert_no_absolute_paths(folder: Path, *paths: Path) -> None:
+    """No file of `folder` (config, card, tokenizer, weights) names any of `paths` or the home folder."""
+    markers = {str(Path.home())} | {str(path.absolute()) for path in paths} | {str(path.resolve()) for path in paths}
+    files = sorted(path for path in folder.rglob("*") if path.is_file())
+    assert any(path.name == "adapter_config.json" for path in files)
+    for path in files:
+        content = path.read_bytes()
+        for marker in markers:
+            assert marker.encode() not in content, f"{path.name} contains the local path {marker}"
+
+
+def test_a_lora_adapter_reloads_with_plain_peft_without_the_plugin(tmp_path, monkeypatch):
+    """`AutoPeftModelForCausalLM.from_pretrained(adapter, trust_remote_code=True)`, as the adapter's card says, run
+    from the folder training ran in, and `PeftModel.from_pretrained(base, adapter)` give the trained model: the same
+    logits as the merged checkpoint the recipe writes. No file of the adapter names an absolute path of the machine."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    recipe = load_lora_recipe()
+    monkeypatch.chdir(tmp_path)  # the user's folder: the run goes to ./run, as the recipe's relative default does
+    tokenizer = train_lora_adapter(recipe, tmp_path, "run")
+    run = tmp_path / "run"
     adapter = run / "adapter"
     card = (adapter / "README.md").read_text()
     assert "AutoPeftModelForCausalLM" in card and "[More Information Needed]" not in card
+    # PEFT resolves a relative base against the folder it is loaded from: here, the folder training ran in.
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == "run/base"
+    assert_no_absolute_paths(adapter, tmp_path, run)
 
     input_ids = torch.tensor([tokenizer("line 7 of a small")["input_ids"]])
     merged = AutoModelForCausalLM.from_pretrained(run / "merged").eval()
     with torch.no_grad():
         expected = merged(input_ids=input_ids).logits
     torch.save(input_ids, tmp_path / "input_ids.pt")
-    snippets = [block.replace(recipe.ADAPTER_PLACEHOLDER, str(adapter)) for block in PYTHON_BLOCK.findall(card)]
-    assert len(snippets) == 1
-    check = textwrap.dedent(
-        f"""
-        import torch
-        with torch.no_grad():
-            logits = model.eval()(input_ids=torch.load({str(tmp_path / "input_ids.pt")!r})).logits
-        torch.save(logits, {str(tmp_path / "logits.pt")!r})
-        print(type(model.get_base_model()).__module__)
-        """
+    snippets = [
+        block.replace(recipe.ADAPTER_PLACEHOLDER, "run/adapter").replace(recipe.BASE_PLACEHOLDER, str(run / "base"))
+        for block in PYTHON_BLOCK.findall(card)
+    ]
+    assert len(snippets) == 2 and "AutoPeftModelForCausalLM" in snippets[0] and "PeftModel." in snippets[1]
+    for index, snippet in enumerate(snippets):
+        check = textwrap.dedent(
+            f"""
+            import torch
+            with torch.no_grad():
+                logits = model.eval()(input_ids=torch.load({str(tmp_path / "input_ids.pt")!r})).logits
+            torch.save(logits, {str(tmp_path / f"logits_{index}.pt")!r})
+            print(type(model.get_base_model()).__module__)
+            """
+        )
+        printed = run_snippets([snippet + check], tmp_path / f"without_{index}", plugin=False, cwd=tmp_path)
+        assert "transformers_modules" in printed  # the base model's class came from its own code, not the plugin
+        torch.testing.assert_close(torch.load(tmp_path / f"logits_{index}.pt"), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_lora_adapter_outside_the_current_folder_names_its_base_without_absolute_paths(tmp_path, monkeypatch):
+    """A run folder given as an absolute path outside the current folder: the adapter names its base by the Hub id
+    given (`--base-model-id`, also the card's `base_model`), or as `../base` beside the adapter, never by the run
+    folder's absolute path; a local path as --base-model-id is refused while parsing."""
+    import json
+
+    recipe = load_lora_recipe()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(SystemExit) as refused:
+        recipe.parse_args(["--base", str(tmp_path), "--base-model-id", str(tmp_path / "base")])
+    assert refused.value.code == 2
+
+    runs = {"hub": tmp_path / "runs" / "with-id", "local": tmp_path / "runs" / "without-id"}
+    train_lora_adapter(recipe, tmp_path, str(runs["hub"]), "--base-model-id", "your-name/damcha-gpt2-base")
+    adapter = runs["hub"] / "adapter"
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == (
+        "your-name/damcha-gpt2-base"
     )
-    printed = run_snippets([snippets[0] + check], tmp_path / "without", plugin=False)
-    assert "transformers_modules" in printed  # the base model's class came from its own code, not the plugin
-    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected, rtol=1e-4, atol=1e-5)
+    assert "\nbase_model: your-name/damcha-gpt2-base\n" in (adapter / "README.md").read_text()
+    assert_no_absolute_paths(adapter, tmp_path, runs["hub"], elsewhere)
+
+    train_lora_adapter(recipe, tmp_path, str(runs["local"]))
+    adapter = runs["local"] / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "../base"
+    assert (adapter / config["base_model_name_or_path"] / "config.json").is_file()  # it names the saved base
+    assert_no_absolute_paths(adapter, tmp_path, runs["local"], elsewhere)

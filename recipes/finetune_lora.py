@@ -255,7 +255,7 @@ def check_adapter_has_no_local_paths(adapter: str, output_dir: str) -> None:
     """Refuse (before anyone pushes it) an adapter folder whose files name the machine's absolute paths."""
     from pathlib import Path
 
-    from damcha_hf.hub import check_no_local_paths
+    from damcha_hf.hub.push import check_no_local_paths
 
     folder = Path(adapter)
     check_no_local_paths(folder, sorted(folder.iterdir()), extra=[Path(output_dir)])

@@ -216,3 +216,56 @@ def test_a_lora_adapter_outside_the_current_folder_names_its_base_without_absolu
     assert config["base_model_name_or_path"] == "../base"
     assert (adapter / config["base_model_name_or_path"] / "config.json").is_file()  # it names the saved base
     assert_no_absolute_paths(adapter, tmp_path, runs["local"], elsewhere)
+
+
+def test_a_stock_baseline_gets_its_own_pipeline_tag_and_no_damcha_claims(tmp_path):
+    """The MHA baseline a recipe trains (`train_gpt2.py --model-type gpt2 / llama`, a stock ViT) is a stock
+    transformers model: its card carries the pipeline tag of its head as transformers' own pipelines name it
+    (a causal LM generates text, a ViT classifier classifies images), no DAMCHA tag, setting or citation, no remote
+    code; its snippet loads it with transformers' own class in a process without the plugin."""
+    from huggingface_hub import ModelCard
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        ViTConfig,
+        ViTForImageClassification,
+        ViTImageProcessor,
+    )
+    from transformers.pipelines import SUPPORTED_TASKS
+
+    tokenizer = byte_level_tokenizer()
+    models = {
+        "gpt2": (GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=32, n_embd=32, n_layer=1,
+                                            n_head=4)), tokenizer),
+        "llama": (LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                               num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)),
+                  tokenizer),
+        "vit": (ViTForImageClassification(ViTConfig(image_size=16, patch_size=8, hidden_size=32, num_hidden_layers=1,
+                                                    num_attention_heads=4, intermediate_size=64, num_labels=3)),
+                ViTImageProcessor(size={"height": 16, "width": 16})),
+    }  # fmt: skip
+    snippets = []
+    for name, (model, processor) in models.items():
+        folder = hub.save_hub_checkpoint(model, tmp_path / name, tokenizer_or_processor=processor)
+        card = ModelCard.load(folder / "README.md")
+        # The oracle: the tasks whose transformers pipeline loads this model class through its Auto class.
+        config_class, tasks = type(model.config), set()
+        for task, spec in SUPPORTED_TASKS.items():
+            for auto in spec["pt"]:
+                mapping = getattr(auto, "_model_mapping", None)
+                if mapping is not None and config_class in mapping and mapping[config_class] is type(model):
+                    tasks.add(task)
+        assert card.data.pipeline_tag in tasks
+        assert card.data.pipeline_tag == ("image-classification" if name == "vit" else "text-generation")
+        assert card.data.tags == [name]
+        # (The snippets' placeholder id is replaced by the real one on push.)
+        text = card.text.replace(hub.REPO_PLACEHOLDER, "").lower()
+        assert "damcha" not in text.replace("damcha-hf", "").replace("damcha models", "")
+        assert "trust_remote_code" not in card.text and not list(folder.glob("*.py"))
+        snippets += card_snippets(folder)
+    assert len(snippets) == len(models)
+    printed = run_snippets(snippets, tmp_path / "without", plugin=False)
+    assert printed.count(" OK ") == len(models)
+    assert "GPT2LMHeadModel" in printed and "LlamaForCausalLM" in printed and "ViTForImageClassification" in printed

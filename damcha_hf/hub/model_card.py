@@ -388,3 +388,8 @@ LIMITATIONS = """## Limitations
 - The model code extends transformers' GPT-2/ViT internals and was tested with the releases damcha-hf pins
   (transformers 5.23 and 5.24); other releases may change those internals.
 - The model inherits the biases and failure modes of its training data and of any base checkpoint."""
+
+STOCK_LIMITATIONS = """## Limitations
+
+- A small model trained briefly as a comparison baseline, not a general-purpose model.
+- The model inherits the biases and failure modes of its training data and of any base checkpoint."""

@@ -46,12 +46,18 @@ def cross_head_variant(model) -> str:
     return getattr(model.config, "cross_head_variant", "none")
 
 
+def is_stock_model(model) -> bool:
+    """A stock transformers model (`gpt2`, `llama`, `vit` config: the MHA baseline a recipe trains), not a DAMCHA one."""
+    return model.config.model_type == model_family(model).model_type
+
+
 def pipeline_tag_and_auto_class(model) -> tuple[str, str]:
-    """The card's pipeline tag and loading Auto class: those its family declares for this head (matched by class name,
-    since remote-code classes live in other modules); a base model is a feature extractor."""
+    """The card's pipeline tag and loading Auto class: those its family declares for this head (matched by the DAMCHA
+    or the stock class's name, since remote-code classes live in other modules); a base model is a feature
+    extractor."""
     name = type(model).__name__
     for head in model_family(model).heads:
-        if head.model_class.__name__ == name and head.pipeline_tag:
+        if name in (head.model_class.__name__, head.stock_class.__name__) and head.pipeline_tag:
             return head.pipeline_tag, head.auto_class
     if is_vision_model(model):
         return "image-feature-extraction", "AutoModel"
@@ -120,7 +126,8 @@ def build_model_card(
     comparison: Mapping[str, Mapping[str, float]] | None = None,
     notes: Sequence[str] = (),
 ) -> ModelCard:
-    """A Hub model card for a DAMCHA model.
+    """A Hub model card for a DAMCHA model, or for a stock transformers model trained as its baseline (no DAMCHA tags,
+    settings or remote-code loading for that one).
 
     Args:
         log_history: a `Trainer`'s `state.log_history` (or a trainer_state.json path): training details, a results
@@ -152,14 +159,17 @@ def build_model_card(
     pipeline_tag, auto_class = pipeline_tag_and_auto_class(model)
     log = parse_log_history(log_history) if log_history is not None else None
     results = resolve_eval_results(model, log, eval_results)
-    model_name = model_name or (repo_id.split("/")[-1] if repo_id != REPO_PLACEHOLDER else f"damcha-{family}")
 
+    stock = is_stock_model(model)
+    default_name = f"{family}-mha-baseline" if stock else f"damcha-{family}"
+    model_name = model_name or (repo_id.split("/")[-1] if repo_id != REPO_PLACEHOLDER else default_name)
     eval_dataset = datasets[0] if datasets else "custom"
     card_data = ModelCardData(
         library_name="transformers",
         license=license,
         pipeline_tag=pipeline_tag,
-        tags=["damcha", "cross-head-attention", family, "custom_code"],
+        # A stock model is the baseline: no DAMCHA tags, and no custom code (transformers' own classes load it).
+        tags=[family] if stock else ["damcha", "cross-head-attention", family, "custom_code"],
         base_model=base_model,
         datasets=datasets or None,
         model_name=model_name,
@@ -179,7 +189,14 @@ def build_model_card(
 
     generator, total = generator_share(model)
     family_name, variant = model_family(model).display_name, cross_head_variant(model)
-    if variant == "damcha":
+    if stock:
+        introduction = (
+            f"A stock transformers {family_name} model ({type(model).__name__}) with plain multi-head attention and "
+            "no custom code, trained by damcha-hf's recipes as the multi-head-attention baseline that DAMCHA models "
+            "are compared against."
+        )
+        settings = []
+    elif variant == "damcha":
         introduction = (
             f"A {family_name} model ({type(model).__name__}) with **DAMCHA** attention, data-adaptive cross-head "
             f"metric attention from *{PAPER_TITLE}* (NeurIPS 2026): each head scores its queries against a mixture "
@@ -206,7 +223,9 @@ def build_model_card(
         (
             introduction
             + (
-                f"\n\nConverted from [`{base_model}`](https://huggingface.co/{base_model}): every pretrained weight "
+                f"\n\nFine-tuned from [`{base_model}`](https://huggingface.co/{base_model})."
+                if base_model and stock
+                else f"\n\nConverted from [`{base_model}`](https://huggingface.co/{base_model}): every pretrained weight "
                 "was kept and the new cross-head parameters started at the identity (for DAMCHA: the metric "
                 "generator at zero, `C = I`), so before fine-tuning the model computed exactly the original "
                 "multi-head attention."
@@ -214,7 +233,7 @@ def build_model_card(
                 else ""
             )
         ),
-        "## DAMCHA settings\n\n"
+        ("## Model settings\n\n" if stock else "## DAMCHA settings\n\n")
         + markdown_table(
             ("setting", "value"),
             settings
@@ -224,13 +243,19 @@ def build_model_card(
                     f"{config.num_hidden_layers} x {config.num_attention_heads} x {config.hidden_size}",
                 ),
                 ("parameters", total),
-                (
-                    "metric-generator parameters" if variant == "damcha" else "cross-head mixing parameters",
-                    f"{generator:,} ({100 * generator / total:.3f}% of the model)",
-                ),
-            ],
+            ]
+            + (
+                []
+                if stock
+                else [
+                    (
+                        "metric-generator parameters" if variant == "damcha" else "cross-head mixing parameters",
+                        f"{generator:,} ({100 * generator / total:.3f}% of the model)",
+                    )
+                ]
+            ),
         ),
-        loading_section(auto_class, repo_id, family, has_preprocessor),
+        loading_section(auto_class, repo_id, family, has_preprocessor, stock=stock),
     ]
     if "metric_heatmap" in images or metric_map is not None:
         sections.append(metric_section(images.get("metric_heatmap"), metric_map))
@@ -238,17 +263,18 @@ def build_model_card(
     sections.append(evaluation_section(results, eval_dataset if datasets else None, from_log=eval_results is None))
     if comparison:
         sections.append(comparison_section(model_name, results, comparison))
-    sections.append(LIMITATIONS + "".join(f"\n- {note}" for note in notes))
-    sections.append(
-        "## Citation\n\nThe authors of the DAMCHA paper are not recorded in this card (we did not have the author "
-        "list when it was written); please complete the entry from the paper before citing it.\n\n"
-        f"```bibtex\n{CITATION_BIBTEX}\n```"
-    )
+    sections.append((STOCK_LIMITATIONS if stock else LIMITATIONS) + "".join(f"\n- {note}" for note in notes))
+    if not stock:
+        sections.append(
+            "## Citation\n\nThe authors of the DAMCHA paper are not recorded in this card (we did not have the author "
+            "list when it was written); please complete the entry from the paper before citing it.\n\n"
+            f"```bibtex\n{CITATION_BIBTEX}\n```"
+        )
     content = f"---\n{card_data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n"
     return ModelCard(content)
 
 
-def loading_section(auto_class: str, repo_id: str, family: str, has_preprocessor: bool) -> str:
+def loading_section(auto_class: str, repo_id: str, family: str, has_preprocessor: bool, stock: bool = False) -> str:
     preprocessor_class = "AutoImageProcessor" if family_for_model_type(family).vision else "AutoTokenizer"
     imports = f"{auto_class}, {preprocessor_class}" if has_preprocessor else auto_class
 
@@ -267,6 +293,8 @@ def loading_section(auto_class: str, repo_id: str, family: str, has_preprocessor
             lines.append(f'preprocessor = {preprocessor_class}.from_pretrained("{repo_id}"{suffix})')
         return "```python\n" + "\n".join(lines) + "\n```"
 
+    if stock:  # transformers' own classes: no plugin, no remote code
+        return "## How to load\n\n" + snippet(plugin=False).replace(", trust_remote_code=True", "")
     return (
         "## How to load\n\nWith the `damcha-hf` plugin installed (it is not on PyPI: in a clone of its repository, "
         "`pip install -e .`):\n\n"

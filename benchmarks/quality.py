@@ -27,7 +27,7 @@ never overwrites committed results; pass `--out-dir docs` (and `--overwrite` to 
 `--synthetic` swaps the real data for generated data of the same form (for tests).
 
 Examples:
-    python benchmarks/quality.py --quick                      # ~10 minutes on 2 cores
+    python benchmarks/quality.py --quick                      # 30 steps per row: a smoke test (timing: README)
     python benchmarks/quality.py                              # the full run (see docs/results.md)
     python benchmarks/quality.py --tasks lm --lm-steps 2000 --seeds 0 1 2 --prefix lm_long
     python benchmarks/quality.py --upcycle --lora --tasks lm --pretrain-steps 400 --continue-steps 200
@@ -86,9 +86,9 @@ PRESETS = {
         "vit_test_images": 5000, "metric_hidden_size": 64, "seeds": [0, 1], "log_every": 25,
     },
     "quick": {
-        "lm_layers": 2, "lm_width": 64, "lm_heads": 4, "lm_context": 64, "lm_batch": 16, "lm_steps": 60, "lm_lr": 3e-3,
-        "lm_eval_bytes": 16384, "vit_layers": 2, "vit_width": 64, "vit_heads": 4, "vit_batch": 32, "vit_steps": 60, "vit_lr": 2e-3,
-        "vit_test_images": 1000, "metric_hidden_size": 32, "seeds": [0, 1], "log_every": 10,
+        "lm_layers": 2, "lm_width": 64, "lm_heads": 4, "lm_context": 64, "lm_batch": 16, "lm_steps": 30, "lm_lr": 3e-3,
+        "lm_eval_bytes": 8192, "vit_layers": 2, "vit_width": 64, "vit_heads": 4, "vit_batch": 32, "vit_steps": 30, "vit_lr": 2e-3,
+        "vit_test_images": 500, "metric_hidden_size": 32, "seeds": [0, 1], "log_every": 5,
     },
     "tiny": {
         "lm_layers": 1, "lm_width": 32, "lm_heads": 4, "lm_context": 16, "lm_batch": 4, "lm_steps": 4, "lm_lr": 3e-3,
@@ -100,7 +100,11 @@ PRESETS = {
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small preset: about 5 minutes on 2 cores")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small preset, 30 steps per row: a smoke test (its timing: the README's quick runs)",
+    )
     parser.add_argument("--tiny", action="store_true", help="smallest preset, for the tests (seconds)")
     parser.add_argument("--synthetic", action="store_true", help="generated data instead of GCIDE / Fashion-MNIST")
     parser.add_argument("--tasks", nargs="+", default=["lm", "vit"], choices=["lm", "vit"])

@@ -63,7 +63,11 @@ PARTS = ("train", "memory", "generate", "decode", "compiled")
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small preset (2 layers, seq 256, batch 1): a few minutes")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="small preset: GPT-2 and ViT (add Llama with --models gpt2 llama vit), 2 layers, seq 256, batch 1, "
+        "3 repeats, no talking-heads/DCMHA rows (add them with --variants); see the README's quick-run table",
+    )  # fmt: skip
     parser.add_argument("--tiny", action="store_true", help="smallest preset, for the tests (seconds)")
     parser.add_argument("--layers", type=int, help="GPT-2 and ViT layers (default 12)")
     parser.add_argument("--width", type=int, help="GPT-2 width (default 768)")
@@ -86,13 +90,21 @@ def parse_args(argv=None):
     parser.add_argument("--gen-batch", type=int, default=1, help="generation batch (default 1)")
     parser.add_argument("--vocab", type=int, help="GPT-2 vocabulary (default 50257)")
     parser.add_argument("--metric-hidden-size", type=int, default=64)
-    parser.add_argument("--models", nargs="+", default=["gpt2", "llama", "vit"], choices=["gpt2", "llama", "vit"])
+    parser.add_argument(
+        "--models", nargs="+", choices=["gpt2", "llama", "vit"],
+        help="default: gpt2 llama vit (--quick: gpt2 vit; the Llama rows at TinyLlama widths took more than half of "
+        "a 16-minute --quick run)",
+    )  # fmt: skip
     parser.add_argument(
         "--llama-layers", type=int,
         help="Llama layers at TinyLlama-1.1B widths (2048 wide, 32 query / 4 key-value heads, MLP 5632, vocabulary "
         "32000; default 2: the full 22 layers is a GPU shape)",
     )  # fmt: skip
     parser.add_argument("--no-variants", action="store_true", help="skip the cross_head_variant baseline rows")
+    parser.add_argument(
+        "--variants", action="store_true",
+        help="with --quick: also the talking-heads and DCMHA rows (they dominate its time and memory)",
+    )  # fmt: skip
     parser.add_argument("--profile", action="store_true", help="profile one training step per row (torch.profiler)")
     parser.add_argument(
         "--parts", nargs="+", default=["train", "memory", "generate"], choices=PARTS,
@@ -121,7 +133,12 @@ def parse_args(argv=None):
     preset = {"layers": 12, "width": 768, "heads": 12, "vit_width": 384, "vit_heads": 6, "image_size": 224, "seq": [512, 1024],
                   "batch": 4, "repeats": 7, "warmup": 2, "gen_prompt": 64, "gen_tokens": 128, "vocab": 50257}  # fmt: skip
     llama_preset = {"llama_layers": 2}
+    if args.models is None:
+        args.models = ["gpt2", "vit"] if args.quick else ["gpt2", "llama", "vit"]
     if args.quick:
+        llama_preset = {"llama_layers": 1}
+        # The talking-heads and DCMHA rows (n x n score mixing) took most of an older --quick's 12 minutes and 7 GB.
+        args.no_variants = args.no_variants or not args.variants
         preset.update(layers=2, seq=[256], batch=1, repeats=3, warmup=1, gen_prompt=16, gen_tokens=16)
     if args.tiny:
         llama_preset = {"llama_layers": 1, "llama_width": 64, "llama_heads": 8, "llama_kv_heads": 2,

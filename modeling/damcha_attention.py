@@ -97,6 +97,53 @@ class _RecomputedGeneratorMLP(torch.autograd.Function):
         )
 
 
+class _SequenceMixedKeyProjection(torch.autograd.Function):
+    """`K~_b = C_b (x_b W_k^T + b_k)`, a separate key projection and the per-sequence mixing in one, saving for backward
+    only `x` (which the query and value projections save anyway), the weights and the small `C` `(b, H, H)`.
+
+    Unfused, autograd keeps both the projected key (the mixing's backward needs it: `dC = dK~ K^T`) and the mixed key
+    (the attention backend's input): one key-sized tensor per layer more than multi-head attention, 6% of ViT-S/16's
+    activations. Here `dC` and `dW_k` both come from `M_b = dK~_b^T x_b` `(b, H * d_h, d)`, which takes the place of the
+    projection's own weight-gradient GEMM (`dW_k[g] = sum_b sum_h C_b[h, g] M_b[h]`,
+    `dC_b[h, g] = <M_b[h], W_k[g]> + <sum_s dK~_b[h, s], b_k[g]>`), so the backward runs no more large matmuls than
+    `nn.Linear`'s; the rest is `H x H` mixing.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden_states, weight, bias, cross_head):
+        ctx.save_for_backward(hidden_states, weight, bias, cross_head)
+        batch, seq, _ = hidden_states.shape
+        heads = cross_head.shape[-1]
+        key = nn.functional.linear(hidden_states, weight, bias).view(batch, seq, heads, -1)
+        head_major = key.transpose(1, 2).reshape(batch, heads, -1)  # (b, H, s * d_h)
+        return (cross_head @ head_major).view(batch, heads, seq, -1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_mixed):
+        hidden_states, weight, bias, cross_head = ctx.saved_tensors
+        batch, heads, seq, head_dim = grad_mixed.shape
+        needs = ctx.needs_input_grad
+        grad_hidden = grad_weight = grad_bias = grad_cross_head = None
+        # dK_b[g] = sum_h C_b[h, g] dK~_b[h], token-major for the projection's backward.
+        grad_key = (cross_head.transpose(1, 2) @ grad_mixed.reshape(batch, heads, -1)).view(grad_mixed.shape)
+        grad_key = grad_key.transpose(1, 2).reshape(batch, seq, heads * head_dim)
+        if needs[0]:
+            grad_hidden = grad_key @ weight
+        if needs[2] and bias is not None:
+            grad_bias = grad_key.sum((0, 1))
+        if needs[1] or needs[3]:
+            grad_mixed_tokens = grad_mixed.transpose(1, 2).reshape(batch, seq, heads * head_dim)
+            per_head = (grad_mixed_tokens.transpose(1, 2) @ hidden_states).view(batch, heads, -1)  # M_b
+            if needs[1]:
+                grad_weight = (cross_head.transpose(1, 2) @ per_head).sum(0).view_as(weight)
+            if needs[3]:
+                grad_cross_head = per_head @ weight.view(heads, -1).t()
+                if bias is not None:
+                    grad_cross_head = grad_cross_head + grad_mixed.sum(2) @ bias.view(heads, head_dim).t()
+        return grad_hidden, grad_weight, grad_bias, grad_cross_head
+
+
 class MetricGenerator(nn.Module):
     """`G`: one small MLP `d -> r -> H*H_kv` (GELU), whose output layer starts at zero.
 
@@ -293,6 +340,30 @@ def mix_keys_per_token(cross_head: torch.Tensor, key: torch.Tensor, compact_save
     return mixed.view(batch, seq, heads, head_dim).transpose(1, 2)
 
 
+def project_heads(projection: nn.Module, hidden_states: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """`projection(hidden_states)` `(b, s, H * d_h)` as the `(b, H, s, d_h)` view the attention functions take."""
+    return projection(hidden_states).view(*hidden_states.shape[:-1], -1, head_dim).transpose(1, 2)
+
+
+def sequence_mixed_key(
+    cross_head: torch.Tensor, key_projection: nn.Module, hidden_states: torch.Tensor, head_dim: int
+) -> torch.Tensor:
+    """`"sequence"`'s mixed key `(b, H, s, d_h)` from a layer's separate key projection (ViT's `k_proj`).
+
+    A plain `nn.Linear` under autograd goes through `_SequenceMixedKeyProjection`, which keeps one key-sized tensor
+    per layer less for backward; anything else (a PEFT adapter on the projection, autocast, inference) projects and
+    mixes as usual.
+    """
+    if (
+        type(key_projection) is nn.Linear
+        and torch.is_grad_enabled()
+        and not torch.is_autocast_enabled(hidden_states.device.type)
+        and (hidden_states.requires_grad or cross_head.requires_grad or key_projection.weight.requires_grad)
+    ):
+        return _SequenceMixedKeyProjection.apply(hidden_states, key_projection.weight, key_projection.bias, cross_head)
+    return mix_keys_per_sequence(cross_head, project_heads(key_projection, hidden_states, head_dim))
+
+
 def mix_keys_per_sequence(cross_head: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """`K~_i = sum_j C_ij K_j` for one `C` (b, H, H) per sequence and `key` (b, H, s, d_h): one `bmm` per batch.
 
@@ -305,7 +376,7 @@ def mix_keys_per_sequence(cross_head: torch.Tensor, key: torch.Tensor) -> torch.
 
 def cross_head_query_key(
     query: torch.Tensor,
-    key: torch.Tensor,
+    key: torch.Tensor | None,
     hidden_states: torch.Tensor,
     metric: CrossHeadMetric,
     *,
@@ -314,6 +385,7 @@ def cross_head_query_key(
     metric_mask: str = "full",
     token_mask: torch.Tensor | None = None,
     compact_saved_key: bool = False,
+    key_projection: nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn multi-head `(query, key)` into DAMCHA's, for any attention function.
 
@@ -327,6 +399,8 @@ def cross_head_query_key(
         compact_saved_key: `"token"` keeps a compact copy of the key for backward instead of a view into its
             projection: for attention functions that copy their inputs (`_backend_copies_its_inputs`). (`"sequence"`
             always keeps a compact copy.)
+        key_projection: a layer with its own key projection (ViT) may pass it, with `key=None`, instead of the key:
+            `"sequence"` then projects and mixes in one step that keeps less for backward (`sequence_mixed_key`).
 
     Returns:
         `(query, key)`, each to be handed on as it is (the key to the KV cache). For `"token"` and `"sequence"` the
@@ -339,7 +413,11 @@ def cross_head_query_key(
         return query, mix_keys_per_token(cross_head, key, compact_saved_key)
     if metric_context == "sequence":
         cross_head = metric(masked_mean(hidden_states, token_mask), layer_idx, metric_mask)  # (b, H, H)
+        if key is None:
+            return query, sequence_mixed_key(cross_head, key_projection, hidden_states, query.shape[-1])
         return query, mix_keys_per_sequence(cross_head, key)
+    if key is None:
+        key = project_heads(key_projection, hidden_states, query.shape[-1])
     if metric_context == "query":
         cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, t, H, H_kv)
         # expanded[b, i, t, j, :] = C_ij(x_t) * q_i[t]
@@ -462,6 +540,7 @@ def cross_head_attention(
     cache=None,
     past_key_values=None,
     token_mask: torch.Tensor | None = None,
+    key_projection: nn.Module | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Cross-head attention for any model, dispatched on `config.cross_head_variant`; updates the KV cache.
@@ -473,7 +552,8 @@ def cross_head_attention(
     `default_attention` is the model's eager attention function, used when `config._attn_implementation` is eager.
     `cache` (transformers >= 5.24) or `past_key_values` (5.23 and earlier) is the KV cache, a plain or an
     `EncoderDecoderCache` (whose self-attention part is updated); `token_mask` `(batch, seq)` marks the real tokens
-    for `"sequence"` (see `cross_head_query_key`).
+    for `"sequence"` (see `cross_head_query_key`). A layer with its own key projection may pass `key=None` and
+    `key_projection` (its `k_proj`), so that `"sequence"` can project and mix the key in one step.
     Returns `(attn_output (batch, seq, heads, head_dim), attn_weights or None)` as the attention functions do.
 
     `"damcha"` mixes `(query, key)` and runs the configured attention function; `"none"` runs it on the plain
@@ -485,6 +565,8 @@ def cross_head_attention(
     variant = cross_head_variant_of(config)
     # transformers renamed the cache argument in 5.24; whichever name the caller used, it is the same cache.
     cache = self_attention_cache(cache if cache is not None else past_key_values)
+    if key is None and not (variant == "damcha" and config.metric_context == "sequence"):
+        key = project_heads(key_projection, hidden_states, query.shape[-1])
     if variant in SCORE_MIXING_VARIANTS:
         return _score_mixing_cross_head_attention(
             module, hidden_states, query, key, value, attention_mask, dropout=dropout, cache=cache, **kwargs
@@ -506,6 +588,7 @@ def cross_head_attention(
             metric_mask=config.metric_mask,
             token_mask=token_mask,
             compact_saved_key=_backend_copies_its_inputs(config._attn_implementation, dropout, query),
+            key_projection=key_projection,
         )
     if cache is not None:
         key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)

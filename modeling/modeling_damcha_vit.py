@@ -36,6 +36,7 @@ from .damcha_attention import (
     build_cross_head_mixing,
     cross_head_attention,
     cross_head_variant_of,
+    project_heads,
 )
 from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaPreTrainedMixin, stack_cross_head_metric
@@ -62,18 +63,18 @@ class DamchaViTAttention(ViTAttention):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`token_mask` `(batch, seq)`: True for the tokens `"sequence"` averages over (the unpadded ones)."""
-        head_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
-        query, key, value = (
-            projection(hidden_states).view(head_shape).transpose(1, 2)
-            for projection in (self.q_proj, self.k_proj, self.v_proj)
+        query, value = (
+            project_heads(projection, hidden_states, self.head_dim) for projection in (self.q_proj, self.v_proj)
         )
+        # The core projects the key: `"sequence"` projects and mixes it in one step that keeps less for backward.
         attn_output, attn_weights = cross_head_attention(
             self,
             hidden_states,
             query,
-            key,
+            None,
             value,
             attention_mask,
+            key_projection=self.k_proj,
             metric=cross_head_metric,
             default_attention=eager_attention_forward,
             dropout=self.attention_dropout if self.training else 0.0,

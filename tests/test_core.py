@@ -225,3 +225,71 @@ def test_bf16_autocast_gradients_flow_through_the_plain_path():
         cross_head.float(), oracle_cross_head(metric, x.detach(), 0, "full"), rtol=0.05, atol=0.05
     )
     assert x.grad is not None and metric.generators[0].fc_in.weight.grad is not None
+
+
+class _NotPlainLinear(torch.nn.Linear):
+    """A key projection the core cannot read as plain weights (as a PEFT adapter is): it takes the unfused path."""
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_sequence_key_projection_matches_head_pair_oracle(bias):
+    """`"sequence"` handed the key projection instead of the key (ViT) projects and mixes in one autograd step; its
+    scores and every gradient (input, projection weight and bias, generator) are the written-out scores'."""
+    metric = random_metric(seed=2).double()
+    projection = torch.nn.Linear(HIDDEN, HIDDEN, bias=bias).double()
+    query = torch.randn(BATCH, HEADS, SEQ, HEAD_DIM, dtype=torch.float64)
+    x = torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.float64)
+    upstream = torch.randn(BATCH, HEADS, SEQ, SEQ, dtype=torch.float64)
+    parameters = [*projection.parameters(), *metric.generators[0].parameters()]
+
+    def gradients(score_function):
+        inputs = [t.clone().requires_grad_() for t in (query, x)]
+        for parameter in parameters:
+            parameter.grad = None
+        scores = score_function(*inputs)
+        (scores * upstream).sum().backward()
+        return [scores.detach()] + [t.grad for t in inputs] + [p.grad.clone() for p in parameters]
+
+    def core_scores(q, z):
+        _, mixed_key = cross_head_query_key(
+            q, None, z, metric, layer_idx=0, metric_context="sequence", key_projection=projection
+        )
+        return q @ mixed_key.transpose(-1, -2)
+
+    def oracle(q, z):
+        key = projection(z).view(BATCH, SEQ, HEADS, HEAD_DIM).transpose(1, 2)
+        return oracle_scores(q, key, z, metric, 0, "sequence", "full")
+
+    for mine, reference in zip(gradients(core_scores), gradients(oracle), strict=True):
+        torch.testing.assert_close(mine, reference, rtol=1e-9, atol=1e-9)
+
+
+def test_sequence_key_projection_keeps_no_key_for_backward():
+    """Projecting and mixing in one step keeps, besides the weights, only the layer input (which the query and value
+    projections keep anyway) and tensors of `C`'s size; the unfused path keeps the projected key as well. Padding
+    (`token_mask`) reaches the fused path's `C` as it does the plain one's, with equal results and gradients."""
+    metric = random_metric(seed=3)
+    token_mask = torch.ones(BATCH, SEQ, dtype=torch.bool)
+    token_mask[0, -2:] = False
+    query = torch.randn(BATCH, HEADS, SEQ, HEAD_DIM)
+    runs = []
+    for projection_class in (torch.nn.Linear, _NotPlainLinear):
+        torch.manual_seed(0)
+        projection = projection_class(HIDDEN, HIDDEN)
+        x = torch.randn(BATCH, SEQ, HIDDEN, requires_grad=True)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t) or t, lambda t: t):
+            _, mixed = cross_head_query_key(
+                query, None, x, metric, layer_idx=0, metric_context="sequence", token_mask=token_mask,
+                key_projection=projection,
+            )  # fmt: skip
+        weights = {p.untyped_storage().data_ptr() for p in [*projection.parameters(), *metric.parameters()]}
+        activations = [t for t in saved if t.untyped_storage().data_ptr() not in weights]
+        key_sized = [t for t in activations if t.numel() >= BATCH * SEQ * HIDDEN]
+        key_sized_storages = {t.untyped_storage().data_ptr() for t in key_sized}
+        (mixed * torch.arange(mixed.numel()).view_as(mixed).cos()).sum().backward()
+        runs.append((key_sized_storages, x, mixed.detach(), x.grad, projection.weight.grad, projection.bias.grad))
+    (fused_storages, fused_x, *fused), (plain_storages, plain_x, *plain) = runs
+    assert fused_storages == {fused_x.untyped_storage().data_ptr()}
+    assert len(plain_storages - {plain_x.untyped_storage().data_ptr()}) >= 1
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)

@@ -394,3 +394,44 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
     damcha_hf.DamchaGPT2Config(n_embd=32, n_layer=1, n_head=4).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="model_type='damcha_gpt2'"):
         DamchaViTConfig.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_sequence_training_step_equals_the_unfused_key_path(attn):
+    """`"sequence"` ViT layers hand their key projection to the core, which projects and mixes the key in one step
+    (keeping one key-sized tensor per layer less for backward); with the projections swapped for a class the core
+    does not read as plain weights (as a PEFT adapter is), the same model takes the unfused path: equal logits and
+    equal gradients for every parameter."""
+
+    class NotPlainLinear(torch.nn.Linear):
+        pass
+
+    model = damcha_vit("sequence", attn=attn).train()
+    pixels, labels = images(), torch.tensor([0, 1, 2])
+    unfused = copy.deepcopy(model)
+    for layer in unfused.vit.layers:
+        plain = layer.attention.k_proj
+        layer.attention.k_proj = NotPlainLinear(plain.in_features, plain.out_features)
+        layer.attention.k_proj.load_state_dict(plain.state_dict())
+    results, saved_bytes = [], []
+    for candidate in (model, unfused):
+        weights = {p.untyped_storage().data_ptr() for p in candidate.parameters()}
+        storages = {}
+
+        def keep(tensor, weights=weights, storages=storages):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in weights:
+                storages[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        torch.manual_seed(0)  # the same dropout masks
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+            output = candidate(pixel_values=pixels, labels=labels)
+        output.loss.backward()
+        results.append((output.logits.detach(), {n: p.grad for n, p in candidate.named_parameters()}))
+        saved_bytes.append(sum(storages.values()))
+    torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-6)
+    config = model.config
+    tokens = (config.image_size // config.patch_size) ** 2 + 1
+    key_bytes = pixels.shape[0] * tokens * config.hidden_size * 4
+    assert saved_bytes[1] - saved_bytes[0] >= config.num_hidden_layers * key_bytes

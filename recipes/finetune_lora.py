@@ -74,6 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.base, args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
     if not os.path.isfile(os.path.join(args.base, "config.json")):
         parser.error(f"--base {args.base}: not a checkpoint folder (no config.json)")
+    if args.push_to_hub and not args.base_model_id:
+        parser.error("--push-to-hub uploads the adapter and its base (<output-dir>/base); name the base's Hub id with "
+                     "--base-model-id (e.g. your-name/damcha-base), the adapter's with --hub-model-id")  # fmt: skip
     args.tokenizer = "byte"
     return args
 
@@ -226,6 +229,9 @@ def main(argv=None) -> dict:
     card = adapter_card(args, family, trainable, base_reference)
     common.safe_files.atomic_write(os.path.join(adapter, "README.md"), card)
     check_adapter_has_no_local_paths(adapter, args.output_dir)
+    if args.push_to_hub:  # the base first: the adapter names it
+        common.push_final_model(argparse.Namespace(**{**vars(args), "hub_model_id": args.base_model_id}), base_folder)
+        common.push_final_model(args, adapter)
     if args.merge:
         merged = peft_model.merge_and_unload()
         common.save_final_model(merged, os.path.join(args.output_dir, "merged"), tokenizer_or_processor=processing,

@@ -502,3 +502,52 @@ def test_heatmap_colour_scale_is_set_by_the_cross_head_terms():
     learned[0, 2, 1] = 0.015
     assert colour_limit(learned) == pytest.approx(0.02)
     assert colour_limit(torch.eye(4).repeat(3, 1, 1) * 1.5) == pytest.approx(1.5)  # no cross-head terms yet
+
+
+def lora_adapter_folder(tmp_path: Path, base_reference: str) -> Path:
+    """A PEFT adapter folder as `recipes/finetune_lora.py` leaves it, plus files a push must leave behind."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_lm(), LoraConfig(r=2, target_modules=["c_attn"], modules_to_save=["cross_head_metric"]))
+    model.peft_config["default"].base_model_name_or_path = base_reference
+    folder = tmp_path / "adapter"
+    model.save_pretrained(folder, save_embedding_layers=False)
+    tiny_tokenizer().save_pretrained(folder)
+    (folder / "README.md").write_text("# adapter\n\n![curve](loss_curve.png)\n")
+    (folder / "loss_curve.png").write_bytes(PNG_SIGNATURE)
+    for junk in ("optimizer.pt", "training_args.bin", "notes.txt"):
+        (folder / junk).write_bytes(b"not for the hub")
+    return folder
+
+
+def test_push_of_a_lora_adapter_uploads_its_files_and_refuses_a_local_base(tmp_path, fake_hub, online):
+    """An adapter folder (no config.json) pushes its config, weights, tokenizer, card and card images, nothing else;
+    one whose base is a local path, which would load for no one else, is refused before any network call."""
+    folder = lora_adapter_folder(tmp_path, "someone/damcha-base")
+    hub.push_checkpoint(folder, "someone/damcha-lora", token="hf_fake")
+    committed = [call for call in fake_hub.calls if call[0] == "create_commit"]
+    expected = {"adapter_config.json", "adapter_model.safetensors", "README.md", "loss_curve.png"}
+    expected |= {path.name for path in folder.iterdir() if path.name.startswith(("tokenizer", "special_tokens"))}
+    assert set(committed[0][2]["files"]) == expected
+    uploaded = fake_hub.root / "someone/damcha-lora/main"
+    assert json.loads((uploaded / "adapter_config.json").read_text())["base_model_name_or_path"] == "someone/damcha-base"
+
+    fake_hub.calls.clear()
+    for local in ("runs/lora-gpt2/base", "../base", str(tmp_path)):
+        config = json.loads((folder / "adapter_config.json").read_text())
+        config["base_model_name_or_path"] = local
+        (folder / "adapter_config.json").write_text(json.dumps(config))
+        with pytest.raises(hub.HubPushError, match="base_model_name_or_path .* is not a Hub id.*--base-model-id"):
+            hub.push_checkpoint(folder, "someone/damcha-lora", token="hf_fake")
+    assert fake_hub.calls == []
+
+
+def test_lora_recipe_push_needs_the_base_hub_id_before_training(tmp_path, capsys, online):
+    from test_recipes import load_recipe
+
+    finetune_lora = load_recipe("finetune_lora")
+    base = tmp_path / "base"
+    tiny_lm().save_pretrained(base)
+    with pytest.raises(SystemExit):
+        finetune_lora.parse_args(["--base", str(base), "--push-to-hub", "--output-dir", str(tmp_path / "run")])
+    assert "--base-model-id" in capsys.readouterr().err

@@ -147,6 +147,8 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
         raise HubPushError(
             f"{folder} is not a folder: pass a folder written by save_pretrained or save_hub_checkpoint."
         )
+    if checked_file(folder, "config.json") is None and checked_file(folder, ADAPTER_CONFIG) is not None:
+        return adapter_upload_plan(folder)
     if checked_file(folder, "config.json") is None:
         raise HubPushError(
             f"{folder} has no config.json: pass a folder written by save_pretrained or save_hub_checkpoint."
@@ -171,6 +173,36 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
         )
     names = list(CONFIG_FILES) + weights + [path.name for path in folder.glob("*.safetensors.index.json")]
     names += auto_map_code_files(folder, config.get("auto_map") or {}) + list(PREPROCESSOR_FILES)
+    card = checked_file(folder, CARD_FILE)
+    if card is not None:
+        names += [CARD_FILE, *card_images(card.read_text(encoding="utf-8"))]
+    plan = {}
+    for name in dict.fromkeys(names):
+        path = checked_file(folder, name)
+        if path is not None:
+            plan[name] = path
+    return plan
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def adapter_upload_plan(folder: Path) -> dict[str, Path]:
+    """What a push of a PEFT adapter folder uploads: its config, safetensors weights, tokenizer or processor files,
+    card and the images it shows. Its `base_model_name_or_path` must be a Hub id (a path means nothing to others)."""
+    if checked_file(folder, ADAPTER_WEIGHTS) is None:
+        raise HubPushError(
+            f"{folder} has no {ADAPTER_WEIGHTS}; re-save the adapter with `peft_model.save_pretrained(folder)`."
+        )
+    base = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path") or ""
+    if not re.fullmatch(r"([\w.-]+/)?[\w.-]+", base) or os.path.exists(base) or base.startswith("."):
+        raise HubPushError(
+            f"{folder}/{ADAPTER_CONFIG}: base_model_name_or_path {base!r} is not a Hub id, so the pushed adapter would "
+            "not load for anyone else. Publish the base model first and train (or re-save) the adapter with its Hub "
+            "id, e.g. `finetune_lora.py --base-model-id your-name/base`."
+        )
+    names = [ADAPTER_CONFIG, ADAPTER_WEIGHTS, *PREPROCESSOR_FILES]
     card = checked_file(folder, CARD_FILE)
     if card is not None:
         names += [CARD_FILE, *card_images(card.read_text(encoding="utf-8"))]

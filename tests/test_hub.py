@@ -530,7 +530,9 @@ def test_push_of_a_lora_adapter_uploads_its_files_and_refuses_a_local_base(tmp_p
     expected |= {path.name for path in folder.iterdir() if path.name.startswith(("tokenizer", "special_tokens"))}
     assert set(committed[0][2]["files"]) == expected
     uploaded = fake_hub.root / "someone/damcha-lora/main"
-    assert json.loads((uploaded / "adapter_config.json").read_text())["base_model_name_or_path"] == "someone/damcha-base"
+    assert (
+        json.loads((uploaded / "adapter_config.json").read_text())["base_model_name_or_path"] == "someone/damcha-base"
+    )
 
     fake_hub.calls.clear()
     for local in ("runs/lora-gpt2/base", "../base", str(tmp_path)):

@@ -413,7 +413,7 @@ LIMITATIONS = """## Limitations
   trained the same way before relying on an improvement.
 - `C` is neither symmetric nor positive definite: the score is a learned bilinear form, not a true Mahalanobis
   metric (the paper says so too).
-- The model code extends transformers' GPT-2/ViT internals and was tested with the releases damcha-hf pins
+- The model code extends transformers' GPT-2, Llama and ViT internals and was tested with the releases damcha-hf pins
   (transformers 5.23 and 5.24); other releases may change those internals.
 - The model inherits the biases and failure modes of its training data and of any base checkpoint."""
 

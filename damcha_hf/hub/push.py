@@ -173,9 +173,14 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
         )
     names = list(CONFIG_FILES) + weights + [path.name for path in folder.glob("*.safetensors.index.json")]
     names += auto_map_code_files(folder, config.get("auto_map") or {}) + list(PREPROCESSOR_FILES)
+    return checked_plan(folder, names)
+
+
+def checked_plan(folder: Path, names: list[str]) -> dict[str, Path]:
+    """`{name: file}` for each of `names` that is a regular file inside `folder`, plus the card and its images."""
     card = checked_file(folder, CARD_FILE)
     if card is not None:
-        names += [CARD_FILE, *card_images(card.read_text(encoding="utf-8"))]
+        names = [*names, CARD_FILE, *card_images(card.read_text(encoding="utf-8"))]
     plan = {}
     for name in dict.fromkeys(names):
         path = checked_file(folder, name)
@@ -202,16 +207,7 @@ def adapter_upload_plan(folder: Path) -> dict[str, Path]:
             "not load for anyone else. Publish the base model first and train (or re-save) the adapter with its Hub "
             "id, e.g. `finetune_lora.py --base-model-id your-name/base`."
         )
-    names = [ADAPTER_CONFIG, ADAPTER_WEIGHTS, *PREPROCESSOR_FILES]
-    card = checked_file(folder, CARD_FILE)
-    if card is not None:
-        names += [CARD_FILE, *card_images(card.read_text(encoding="utf-8"))]
-    plan = {}
-    for name in dict.fromkeys(names):
-        path = checked_file(folder, name)
-        if path is not None:
-            plan[name] = path
-    return plan
+    return checked_plan(folder, [ADAPTER_CONFIG, ADAPTER_WEIGHTS, *PREPROCESSOR_FILES])
 
 
 def local_path_markers(folder: Path, extra: Iterable[Path] = ()) -> list[str]:

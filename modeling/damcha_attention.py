@@ -144,6 +144,47 @@ class _SequenceMixedKeyProjection(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, grad_cross_head
 
 
+class _TokenMixedKeyProjection(torch.autograd.Function):
+    """`K~[t] = C[t] (x[t] W_k^T + b_k)`, a separate key projection and the per-token mixing in one, saving for backward
+    only `x` (which the query and value projections save anyway), the weights and `C` `(b, s, H, H)`.
+
+    Unlike `"sequence"`'s, `"token"`'s `dC[t] = dK~[t] K[t]^T` needs the projected key of every token, so the backward
+    recomputes `K = x W_k^T + b_k`: one `d x d` GEMM per layer more than `nn.Linear`'s backward (about 2.6% of a
+    ViT-S/16 training step's FLOPs) for one key-sized tensor per layer less kept (6% of its activations). Only ViT
+    hands its key projection over, and its default context is `"sequence"`; `"token"` there is the memory-lean choice.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden_states, weight, bias, cross_head):
+        ctx.save_for_backward(hidden_states, weight, bias, cross_head)
+        batch, seq, heads = cross_head.shape[:3]
+        key = nn.functional.linear(hidden_states, weight, bias).view(batch * seq, heads, -1)
+        mixed = torch.bmm(cross_head.reshape(batch * seq, heads, heads), key)
+        return mixed.view(batch, seq, heads, -1).transpose(1, 2)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_mixed):
+        hidden_states, weight, bias, cross_head = ctx.saved_tensors
+        batch, heads, seq, head_dim = grad_mixed.shape
+        needs = ctx.needs_input_grad
+        grad_hidden = grad_weight = grad_bias = grad_cross_head = None
+        grad_tokens = grad_mixed.transpose(1, 2).reshape(batch * seq, heads, head_dim)
+        if needs[3]:
+            key = nn.functional.linear(hidden_states, weight, bias).view(batch * seq, heads, head_dim)
+            grad_cross_head = torch.bmm(grad_tokens, key.transpose(1, 2)).view(cross_head.shape)
+        # dK[t] = C[t]^T dK~[t]
+        grad_key = torch.bmm(cross_head.reshape(batch * seq, heads, heads).transpose(1, 2), grad_tokens)
+        grad_key = grad_key.view(batch * seq, heads * head_dim)
+        if needs[0]:
+            grad_hidden = (grad_key @ weight).view(hidden_states.shape)
+        if needs[1]:
+            grad_weight = grad_key.t() @ hidden_states.reshape(batch * seq, -1)
+        if needs[2] and bias is not None:
+            grad_bias = grad_key.sum(0)
+        return grad_hidden, grad_weight, grad_bias, grad_cross_head
+
+
 class MetricGenerator(nn.Module):
     """`G`: one small MLP `d -> r -> H*H_kv` (GELU), whose output layer starts at zero.
 
@@ -345,23 +386,27 @@ def project_heads(projection: nn.Module, hidden_states: torch.Tensor, head_dim: 
     return projection(hidden_states).view(*hidden_states.shape[:-1], -1, head_dim).transpose(1, 2)
 
 
-def sequence_mixed_key(
+def projected_mixed_key(
     cross_head: torch.Tensor, key_projection: nn.Module, hidden_states: torch.Tensor, head_dim: int
 ) -> torch.Tensor:
-    """`"sequence"`'s mixed key `(b, H, s, d_h)` from a layer's separate key projection (ViT's `k_proj`).
+    """The mixed key `(b, H, s, d_h)` from a layer's separate key projection (ViT's `k_proj`), for `C` of one sequence
+    `(b, H, H)` (`"sequence"`) or of each token `(b, s, H, H)` (`"token"`).
 
-    A plain `nn.Linear` under autograd goes through `_SequenceMixedKeyProjection`, which keeps one key-sized tensor
-    per layer less for backward; anything else (a PEFT adapter on the projection, autocast, inference) projects and
-    mixes as usual.
+    A plain `nn.Linear` under autograd goes through `_SequenceMixedKeyProjection` / `_TokenMixedKeyProjection`, which
+    keep one key-sized tensor per layer less for backward; anything else (a PEFT adapter on the projection, autocast,
+    inference) projects and mixes as usual.
     """
+    per_token = cross_head.dim() == 4
     if (
         type(key_projection) is nn.Linear
         and torch.is_grad_enabled()
         and not torch.is_autocast_enabled(hidden_states.device.type)
         and (hidden_states.requires_grad or cross_head.requires_grad or key_projection.weight.requires_grad)
     ):
-        return _SequenceMixedKeyProjection.apply(hidden_states, key_projection.weight, key_projection.bias, cross_head)
-    return mix_keys_per_sequence(cross_head, project_heads(key_projection, hidden_states, head_dim))
+        fused = _TokenMixedKeyProjection if per_token else _SequenceMixedKeyProjection
+        return fused.apply(hidden_states, key_projection.weight, key_projection.bias, cross_head)
+    key = project_heads(key_projection, hidden_states, head_dim)
+    return mix_keys_per_token(cross_head, key) if per_token else mix_keys_per_sequence(cross_head, key)
 
 
 def mix_keys_per_sequence(cross_head: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
@@ -400,7 +445,8 @@ def cross_head_query_key(
             projection: for attention functions that copy their inputs (`_backend_copies_its_inputs`). (`"sequence"`
             always keeps a compact copy.)
         key_projection: a layer with its own key projection (ViT) may pass it, with `key=None`, instead of the key:
-            `"sequence"` then projects and mixes in one step that keeps less for backward (`sequence_mixed_key`).
+            `"sequence"` and `"token"` then project and mix in one step that keeps less for backward
+            (`projected_mixed_key`).
 
     Returns:
         `(query, key)`, each to be handed on as it is (the key to the KV cache). For `"token"` and `"sequence"` the
@@ -410,11 +456,13 @@ def cross_head_query_key(
     """
     if metric_context == "token":
         cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, s, H, H)
+        if key is None:
+            return query, projected_mixed_key(cross_head, key_projection, hidden_states, query.shape[-1])
         return query, mix_keys_per_token(cross_head, key, compact_saved_key)
     if metric_context == "sequence":
         cross_head = metric(masked_mean(hidden_states, token_mask), layer_idx, metric_mask)  # (b, H, H)
         if key is None:
-            return query, sequence_mixed_key(cross_head, key_projection, hidden_states, query.shape[-1])
+            return query, projected_mixed_key(cross_head, key_projection, hidden_states, query.shape[-1])
         return query, mix_keys_per_sequence(cross_head, key)
     if key is None:
         key = project_heads(key_projection, hidden_states, query.shape[-1])
@@ -553,7 +601,7 @@ def cross_head_attention(
     `cache` (transformers >= 5.24) or `past_key_values` (5.23 and earlier) is the KV cache, a plain or an
     `EncoderDecoderCache` (whose self-attention part is updated); `token_mask` `(batch, seq)` marks the real tokens
     for `"sequence"` (see `cross_head_query_key`). A layer with its own key projection may pass `key=None` and
-    `key_projection` (its `k_proj`), so that `"sequence"` can project and mix the key in one step.
+    `key_projection` (its `k_proj`), so that `"sequence"` and `"token"` can project and mix the key in one step.
     Returns `(attn_output (batch, seq, heads, head_dim), attn_weights or None)` as the attention functions do.
 
     `"damcha"` mixes `(query, key)` and runs the configured attention function; `"none"` runs it on the plain
@@ -562,10 +610,14 @@ def cross_head_attention(
     position with the keys and any cache class carries them.
     """
     config = module.config
+    # Each config field is read once: a transformers config attribute costs microseconds per read (its
+    # `__getattribute__` hooks), which batch-1 decoding pays per layer and step.
     variant = cross_head_variant_of(config)
+    attn_implementation = config._attn_implementation
+    metric_context = config.metric_context if variant == "damcha" else None
     # transformers renamed the cache argument in 5.24; whichever name the caller used, it is the same cache.
     cache = self_attention_cache(cache if cache is not None else past_key_values)
-    if key is None and not (variant == "damcha" and config.metric_context == "sequence"):
+    if key is None and metric_context not in ("sequence", "token"):
         key = project_heads(key_projection, hidden_states, query.shape[-1])
     if variant in SCORE_MIXING_VARIANTS:
         return _score_mixing_cross_head_attention(
@@ -577,23 +629,23 @@ def cross_head_attention(
                 f"{type(module).__name__}: `cross_head_variant='damcha'` needs the model's `cross_head_metric`; call "
                 "the layer through its model, which passes it."
             )
-        check_attention_backend(config.metric_context, config._attn_implementation)
+        check_attention_backend(metric_context, attn_implementation)
         query, key = cross_head_query_key(
             query,
             key,
             hidden_states,
             metric,
             layer_idx=module.layer_idx or 0,
-            metric_context=config.metric_context,
+            metric_context=metric_context,
             metric_mask=config.metric_mask,
             token_mask=token_mask,
-            compact_saved_key=_backend_copies_its_inputs(config._attn_implementation, dropout, query),
+            compact_saved_key=_backend_copies_its_inputs(attn_implementation, dropout, query),
             key_projection=key_projection,
         )
     if cache is not None:
         key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
     key = full_width_key(query, key)
-    attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, default_attention)
+    attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation, default_attention)
     return attention_interface(
         module, query, key, value, attention_mask, dropout=dropout, scaling=module.scaling, **kwargs
     )

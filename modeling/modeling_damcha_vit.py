@@ -66,7 +66,8 @@ class DamchaViTAttention(ViTAttention):
         query, value = (
             project_heads(projection, hidden_states, self.head_dim) for projection in (self.q_proj, self.v_proj)
         )
-        # The core projects the key: `"sequence"` projects and mixes it in one step that keeps less for backward.
+        # The core projects the key: `"sequence"` and `"token"` project and mix it in one step that keeps less for
+        # backward.
         attn_output, attn_weights = cross_head_attention(
             self,
             hidden_states,

@@ -231,10 +231,11 @@ class _NotPlainLinear(torch.nn.Linear):
     """A key projection the core cannot read as plain weights (as a PEFT adapter is): it takes the unfused path."""
 
 
+@pytest.mark.parametrize("context", ["sequence", "token"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_sequence_key_projection_matches_head_pair_oracle(bias):
-    """`"sequence"` handed the key projection instead of the key (ViT) projects and mixes in one autograd step; its
-    scores and every gradient (input, projection weight and bias, generator) are the written-out scores'."""
+def test_key_projection_matches_head_pair_oracle(bias, context):
+    """`"sequence"` / `"token"` handed the key projection instead of the key (ViT) project and mix in one autograd step;
+    the scores and every gradient (input, projection weight and bias, generator) are the written-out scores'."""
     metric = random_metric(seed=2).double()
     projection = torch.nn.Linear(HIDDEN, HIDDEN, bias=bias).double()
     query = torch.randn(BATCH, HEADS, SEQ, HEAD_DIM, dtype=torch.float64)
@@ -252,22 +253,24 @@ def test_sequence_key_projection_matches_head_pair_oracle(bias):
 
     def core_scores(q, z):
         _, mixed_key = cross_head_query_key(
-            q, None, z, metric, layer_idx=0, metric_context="sequence", key_projection=projection
+            q, None, z, metric, layer_idx=0, metric_context=context, key_projection=projection
         )
         return q @ mixed_key.transpose(-1, -2)
 
     def oracle(q, z):
         key = projection(z).view(BATCH, SEQ, HEADS, HEAD_DIM).transpose(1, 2)
-        return oracle_scores(q, key, z, metric, 0, "sequence", "full")
+        return oracle_scores(q, key, z, metric, 0, context, "full")
 
     for mine, reference in zip(gradients(core_scores), gradients(oracle), strict=True):
         torch.testing.assert_close(mine, reference, rtol=1e-9, atol=1e-9)
 
 
-def test_sequence_key_projection_keeps_no_key_for_backward():
+@pytest.mark.parametrize("context", ["sequence", "token"])
+def test_key_projection_keeps_no_key_for_backward(context):
     """Projecting and mixing in one step keeps, besides the weights, only the layer input (which the query and value
     projections keep anyway) and tensors of `C`'s size; the unfused path keeps the projected key as well. Padding
-    (`token_mask`) reaches the fused path's `C` as it does the plain one's, with equal results and gradients."""
+    (`token_mask`) reaches the fused path's `C` as it does the plain one's (`"sequence"`), with equal results and
+    gradients."""
     metric = random_metric(seed=3)
     token_mask = torch.ones(BATCH, SEQ, dtype=torch.bool)
     token_mask[0, -2:] = False
@@ -280,7 +283,7 @@ def test_sequence_key_projection_keeps_no_key_for_backward():
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t) or t, lambda t: t):
             _, mixed = cross_head_query_key(
-                query, None, x, metric, layer_idx=0, metric_context="sequence", token_mask=token_mask,
+                query, None, x, metric, layer_idx=0, metric_context=context, token_mask=token_mask,
                 key_projection=projection,
             )  # fmt: skip
         weights = {p.untyped_storage().data_ptr() for p in [*projection.parameters(), *metric.parameters()]}

@@ -396,9 +396,10 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
         DamchaViTConfig.from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("context", ["sequence", "token"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_sequence_training_step_equals_the_unfused_key_path(attn):
-    """`"sequence"` ViT layers hand their key projection to the core, which projects and mixes the key in one step
+def test_training_step_equals_the_unfused_key_path(attn, context):
+    """`"sequence"` and `"token"` ViT layers hand their key projection to the core, which projects and mixes the key in one step
     (keeping one key-sized tensor per layer less for backward); with the projections swapped for a class the core
     does not read as plain weights (as a PEFT adapter is), the same model takes the unfused path: equal logits and
     equal gradients for every parameter."""
@@ -406,7 +407,7 @@ def test_sequence_training_step_equals_the_unfused_key_path(attn):
     class NotPlainLinear(torch.nn.Linear):
         pass
 
-    model = damcha_vit("sequence", attn=attn).train()
+    model = damcha_vit(context, attn=attn).train()
     pixels, labels = images(), torch.tensor([0, 1, 2])
     unfused = copy.deepcopy(model)
     for layer in unfused.vit.layers:

@@ -136,7 +136,10 @@ class _SequenceMixedKeyProjection(torch.autograd.Function):
             grad_mixed_tokens = grad_mixed.transpose(1, 2).reshape(batch, seq, heads * head_dim)
             per_head = (grad_mixed_tokens.transpose(1, 2) @ hidden_states).view(batch, heads, -1)  # M_b
             if needs[1]:
-                grad_weight = (cross_head.transpose(1, 2) @ per_head).sum(0).view_as(weight)
+                # One GEMM over the (sequence, head) pairs, reading `M` once: mixing each `M_b` and summing after would
+                # write and read `b` weight-sized tensors more (at ViT-S/16 widths, more bytes than the key itself).
+                mixing = cross_head.permute(2, 0, 1).reshape(heads, batch * heads)  # [g, (b, h)] = C_b[h, g]
+                grad_weight = (mixing @ per_head.view(batch * heads, -1)).view_as(weight)
             if needs[3]:
                 grad_cross_head = per_head @ weight.view(heads, -1).t()
                 if bias is not None:

@@ -1,11 +1,12 @@
 """Where DAMCHA's batch-1 decoding time goes: one attention layer, one cached decoding step, on the CPU.
 
 Times a stock `GPT2Attention`, DAMCHA's attention with `cross_head_variant="none"` (the same layer code without a
-metric) and with `metric_context="token"`, then the `"token"` layer with parts of DAMCHA replaced by stand-ins of no
-cost: the metric by a module that returns a fixed `C`, and also the key mixing by the identity. The differences
-between the rows are the cost of each part *inside* the layer, where the big `c_attn` GEMV has just streamed its
-weights through the cache; the last column times the metric call alone, outside the layer. Every row takes turns
-(rotating order, `--rounds` rounds of `--calls` calls) and medians are reported, in microseconds per call.
+metric or mixing) and with `metric_context="token"`, and the `"token"` layer with its metric replaced by a stand-in of
+no cost that returns a fixed `C`. The differences between the rows are the cost of each part *inside* the layer,
+where the big `c_attn` GEMV has just streamed its weights through the cache; the last row times the metric call
+alone, outside the layer. The rows take turns (rotating order, `--rounds` rounds of `--calls` calls each) and the
+medians are reported, in microseconds per call. Run it on an idle machine: a busy one inflates the small operators'
+latency most.
 
     python benchmarks/decode_layer.py                                  # GPT-2 small widths: 768 wide, 12 heads
     python benchmarks/decode_layer.py --width 384 --heads 6
@@ -15,6 +16,7 @@ import argparse
 import inspect
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from transformers import GPT2Config
@@ -22,7 +24,6 @@ from transformers.cache_utils import DynamicCache
 from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
 
 import damcha_hf
-from damcha_hf.modeling import damcha_attention
 from damcha_hf.modeling.damcha_attention import CrossHeadMetric
 from damcha_hf.modeling.modeling_damcha_gpt2 import DamchaGPT2Attention
 
@@ -40,32 +41,68 @@ def parse_args(argv=None):
 
 
 class FixedCrossHead(torch.nn.Module):
-    """Stands in for the metric: returns a `C` computed beforehand, at no cost."""
+    """Stands in for the metric: returns a `C` computed beforehand (for one token, broadcast to the input), at no cost."""
 
     def __init__(self, cross_head: torch.Tensor):
         super().__init__()
         self.cross_head = cross_head
 
     def forward(self, z, layer_idx=0, metric_mask="full"):
-        return self.cross_head
+        return self.cross_head.expand(*z.shape[:-1], *self.cross_head.shape[-2:])
 
 
-def decoding_call(layer, cache_length: int, width: int, metric):
-    """One cached decoding step of `layer` at position `cache_length`; the step's cache entry is dropped after it."""
-    config = GPT2Config(n_layer=1, n_embd=width)
-    cache = DynamicCache(config=config)
+def decoding_call(layer, prompt: torch.Tensor, token: torch.Tensor, metric=None, prefill_metric=None):
+    """A function that runs one cached decoding step of `layer` on `token` after `prompt` and returns its output; the
+    step's cache entry is dropped after it, so that every call decodes at the same position. `metric` (None: the layer
+    takes no metric argument) is passed to the step, `prefill_metric` (default: `metric`) to the prompt's call."""
+    cache = DynamicCache(config=GPT2Config(n_layer=1, n_embd=prompt.shape[-1]))
     cache_argument = "cache" if "cache" in inspect.signature(GPT2Attention.forward).parameters else "past_key_values"
-    extra = {} if metric is False else {"cross_head_metric": metric}
+
+    def metric_argument(value):
+        return {} if value is None else {"cross_head_metric": value}
+
     with torch.no_grad():
-        layer(torch.randn(1, cache_length, width), **{cache_argument: cache}, **extra)
-    token = torch.randn(1, 1, width)
+        layer(prompt, **{cache_argument: cache}, **metric_argument(prefill_metric or metric))
+    step_arguments = {cache_argument: cache, **metric_argument(metric)}
 
     def call():
         with torch.no_grad():
-            layer(token, **{cache_argument: cache}, **extra)
+            output = layer(token, **step_arguments)[0]
         cache.layers[0].crop(-1)
+        return output
 
     return call
+
+
+def build_calls(width: int, heads: int, metric_hidden_size: int, cache_length: int) -> tuple[dict, Callable]:
+    """The rows' decoding calls (all with the same weights, prompt and token) and a call of the metric alone."""
+    torch.manual_seed(0)
+    settings = {"n_layer": 1, "n_embd": width, "n_head": heads, "attn_implementation": "sdpa"}
+    stock = GPT2Attention(GPT2Config(**settings), layer_idx=0).eval()
+    token_config = damcha_hf.DamchaGPT2Config(**settings, metric_hidden_size=metric_hidden_size)
+    plain = DamchaGPT2Attention(damcha_hf.DamchaGPT2Config(**settings, cross_head_variant="none"), layer_idx=0)
+    damcha = DamchaGPT2Attention(token_config, layer_idx=0)
+    for layer in (plain, damcha):
+        layer.load_state_dict(stock.state_dict(), strict=False)
+        layer.eval()
+    metric = CrossHeadMetric.from_config(token_config).eval()
+    for parameter in metric.parameters():  # a trained generator: nonzero output layer
+        torch.nn.init.normal_(parameter, std=0.2)
+    prompt, token = torch.randn(1, cache_length, width), torch.randn(1, 1, width)
+    with torch.no_grad():
+        fixed = FixedCrossHead(metric(token))
+    calls = {
+        "stock GPT2Attention": decoding_call(stock, prompt, token),
+        'DAMCHA, cross_head_variant="none"': decoding_call(plain, prompt, token),
+        'DAMCHA "token"': decoding_call(damcha, prompt, token, metric),
+        '"token", metric stubbed': decoding_call(damcha, prompt, token, fixed, prefill_metric=metric),
+    }
+
+    def metric_alone():
+        with torch.no_grad():
+            return metric(token)
+
+    return calls, metric_alone
 
 
 def alternate(calls: dict, rounds: int, per_round: int) -> dict:
@@ -87,51 +124,9 @@ def alternate(calls: dict, rounds: int, per_round: int) -> dict:
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    settings = {"n_layer": 1, "n_embd": args.width, "n_head": args.heads, "attn_implementation": "sdpa"}
-    stock = GPT2Attention(GPT2Config(**settings), layer_idx=0).eval()
-    token_config = damcha_hf.DamchaGPT2Config(**settings, metric_hidden_size=args.metric_hidden_size)
-    layers = {
-        "stock GPT2Attention": stock,
-        'DAMCHA, cross_head_variant="none"': DamchaGPT2Attention(
-            damcha_hf.DamchaGPT2Config(**settings, cross_head_variant="none"), layer_idx=0
-        ),
-        'DAMCHA "token"': DamchaGPT2Attention(token_config, layer_idx=0),
-    }
-    for layer in layers.values():
-        layer.load_state_dict(stock.state_dict(), strict=False)
-        layer.eval()
-    metric = CrossHeadMetric.from_config(token_config).eval()
-    for parameter in metric.parameters():  # a trained generator: nonzero output layer
-        torch.nn.init.normal_(parameter, std=0.02)
-    probe = torch.randn(1, 1, args.width)
-    with torch.no_grad():
-        fixed = FixedCrossHead(metric(probe))
-    token_layer = layers['DAMCHA "token"']
-    calls = {
-        "stock GPT2Attention": decoding_call(stock, args.cache_length, args.width, False),
-        'DAMCHA, cross_head_variant="none"': decoding_call(
-            layers['DAMCHA, cross_head_variant="none"'], args.cache_length, args.width, None
-        ),
-        'DAMCHA "token"': decoding_call(token_layer, args.cache_length, args.width, metric),
-        '"token", metric stubbed': decoding_call(token_layer, args.cache_length, args.width, fixed),
-    }
+    calls, metric_alone = build_calls(args.width, args.heads, args.metric_hidden_size, args.cache_length)
     medians = alternate(calls, args.rounds, args.calls)
-    original_mixing = damcha_attention.mix_keys_per_token
-    damcha_attention.mix_keys_per_token = lambda cross_head, key, compact_saved_key=False: key
-    try:
-        stubbed = alternate(
-            {
-                "stock GPT2Attention": calls["stock GPT2Attention"],
-                '"token", metric and mixing stubbed': calls['"token", metric stubbed'],
-            },
-            args.rounds,
-            args.calls,
-        )
-    finally:
-        damcha_attention.mix_keys_per_token = original_mixing
-    with torch.no_grad():
-        alone = alternate({"metric": lambda: metric(probe)}, args.rounds, args.calls)["metric"]
+    alone = alternate({"metric": metric_alone}, args.rounds, args.calls)["metric"]
 
     print(f"one attention layer, {args.width} wide, {args.heads} heads, batch 1, {args.cache_length} cached tokens, "
           f"{args.threads} thread(s); median microseconds per decoding call")  # fmt: skip
@@ -139,14 +134,14 @@ def main(argv=None):
     print("| row | µs | vs stock |\n|---|---|---|")
     for name, value in medians.items():
         print(f"| {name} | {value:.1f} | {value - reference:+.1f} |")
-    both = stubbed['"token", metric and mixing stubbed'] - stubbed["stock GPT2Attention"]
-    print(f'| "token", metric and mixing stubbed | {reference + both:.1f} | {both:+.1f} |')
     print(f"| the metric call alone, outside the layer | {alone:.1f} | |")
     metric_cost = medians['DAMCHA "token"'] - medians['"token", metric stubbed']
-    rest_cost = medians['"token", metric stubbed'] - reference - both
+    mixing_cost = medians['"token", metric stubbed'] - medians['DAMCHA, cross_head_variant="none"']
     print(
-        f"\nthe metric inside the layer: {metric_cost:.1f} µs (alone: {alone:.1f} µs); the mixing: {rest_cost:.1f} µs"
+        f"\nthe metric inside the layer: {metric_cost:.1f} µs (alone: {alone:.1f} µs); the key mixing and the "
+        f"code around it: {mixing_cost:.1f} µs"
     )
+    return {**medians, "metric alone": alone}
 
 
 if __name__ == "__main__":

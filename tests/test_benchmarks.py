@@ -17,6 +17,7 @@ BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 sys.path.insert(0, BENCHMARKS)
 
 import bench_common  # noqa: E402
+import decode_layer  # noqa: E402
 import quality  # noqa: E402
 import speed  # noqa: E402
 
@@ -292,6 +293,22 @@ def test_speed_decode_part_reports_paired_decode_ratios(tmp_path):
     assert [r["row"] for r in results] == ["MHA", "MHA (repeat)", "DAMCHA token"]
     assert all(len(r["decode_s"]) == 3 and r["decode_ratio"] > 0 for r in results) and results[0]["decode_ratio"] == 1
     assert "step_s" not in results[0] and "decode_ratio" in results[0]["resolved"]
+
+
+def test_decode_layer_rows_compute_the_layers_they_name(capsys):
+    """`decode_layer.py` times what it says: its `"none"` row is the stock layer's computation, its stubbed row the
+    `"token"` layer's own output (the stand-in returns the `C` the metric gives that token), and every call decodes at
+    the same position."""
+    calls, _ = decode_layer.build_calls(width=32, heads=4, metric_hidden_size=8, cache_length=5)
+    outputs = {name: call() for name, call in calls.items()}
+    torch.testing.assert_close(outputs['DAMCHA, cross_head_variant="none"'], outputs["stock GPT2Attention"])
+    torch.testing.assert_close(outputs['"token", metric stubbed'], outputs['DAMCHA "token"'])
+    mixed, plain = outputs['DAMCHA "token"'], outputs["stock GPT2Attention"]
+    assert (mixed - plain).abs().max() > 1e-3 * plain.abs().max()  # the metric does mix the keys
+    torch.testing.assert_close(calls['DAMCHA "token"'](), outputs['DAMCHA "token"'])
+    medians = decode_layer.main(["--width", "32", "--heads", "4", "--rounds", "2", "--calls", "2"])
+    assert set(medians) == {*calls, "metric alone"} and all(value > 0 for value in medians.values())
+    assert "the metric inside the layer" in capsys.readouterr().out
 
 
 def test_alternate_rotates_and_paired_ratio_cancels_drift():

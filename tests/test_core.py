@@ -9,6 +9,7 @@ from torch.nn import functional as F
 from damcha_hf.modeling.damcha_attention import (
     CrossHeadMetric,
     cross_head_query_key,
+    exact_gelu,
     full_width_key,
 )
 
@@ -212,6 +213,40 @@ def test_generator_with_replaced_modules_runs_them():
     offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).reshape(BATCH, SEQ, HEADS, HEADS)
     torch.testing.assert_close(metric(x, 0), torch.eye(HEADS) + offsets)
     assert not torch.allclose(metric(x, 0), oracle_cross_head(metric, x, 0, "full"), atol=1e-4)  # exact GELU differs
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (3, 7, 8), (1, 1), (300, 64)])
+def test_exact_gelu_is_pytorchs_own_kernel_for_small_inputs_and_gelu_for_all(shape):
+    """`exact_gelu` is the erf GELU at every size; below its threshold it is PyTorch's own kernel to the bit (the oracle:
+    `F.gelu` with oneDNN switched off), which is what keeps oneDNN's fixed cost out of each decoding step; above it,
+    `F.gelu` as dispatched by default."""
+    x = torch.randn(shape) * 3
+    erf_form = 0.5 * x.double() * (1 + torch.erf(x.double() / math.sqrt(2)))
+    torch.testing.assert_close(exact_gelu(x).double(), erf_form, rtol=1e-6, atol=1e-6)
+    assert exact_gelu(x).shape == x.shape and exact_gelu(x).is_contiguous()
+    if x.numel() < 8192:
+        with torch.backends.mkldnn.flags(enabled=False):
+            native = F.gelu(x)
+        assert torch.equal(exact_gelu(x), native)
+    else:  # large inputs keep the default dispatch (oneDNN, faster there)
+        assert torch.equal(exact_gelu(x), F.gelu(x))
+
+
+def test_inference_path_equals_the_autograd_path_and_the_oracle():
+    """The generator's no-grad path (what decoding runs: two `linear` and `exact_gelu`) and its autograd path
+    (`_RecomputedGeneratorMLP`) give the oracle's C, for one token as in a decoding step and for a prompt, with the
+    per-layer generators picked by index."""
+    metric = random_metric()
+    for x in (torch.randn(1, 1, HIDDEN), torch.randn(BATCH, SEQ, HIDDEN)):
+        for layer_idx in (0, 1):
+            for mask in ("full", "diagonal", "offdiagonal"):
+                expected = oracle_cross_head(metric, x, layer_idx, mask)
+                with torch.no_grad():
+                    inference = metric(x, layer_idx, mask)
+                trained = metric(x.clone().requires_grad_(), layer_idx, mask)
+                assert trained.requires_grad
+                torch.testing.assert_close(inference, expected, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(trained.detach(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_bf16_autocast_gradients_flow_through_the_plain_path():

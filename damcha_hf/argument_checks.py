@@ -23,21 +23,34 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The description as written (its example commands keep their lines) and each option's default in its help,
-    as `ArgumentDefaultsHelpFormatter` shows it; options without a default (None) or flags (False) show none."""
+    """The description as written (its example commands keep their lines; a one-line description is wrapped) and
+    each option's default in its help, as `ArgumentDefaultsHelpFormatter` shows it (0 included); options without a
+    default (None) or flags (False) show none."""
+
+    def _fill_text(self, text, width, indent):
+        # A description on one line (no example commands to keep) is wrapped to the terminal like argparse's own.
+        if "\n" not in text.strip():
+            return argparse.HelpFormatter._fill_text(self, text, width, indent)
+        return super()._fill_text(text, width, indent)
 
     def _format_action(self, action):
         # argparse prints no help line for an option without help text: give it one that shows the default.
-        if action.help is None and action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+        if action.help is None and action.option_strings and not _no_default(action):
             action = copy.copy(action)
             action.help = "(default: %(default)s)"
         return super()._format_action(action)
 
     def _get_help_string(self, action):
         help_text = action.help or ""
-        if "%(default)" in help_text or "(default" in help_text or action.default in (None, False, argparse.SUPPRESS):
+        if "%(default)" in help_text or "(default" in help_text or _no_default(action):
             return help_text
         return super()._get_help_string(action)
+
+
+def _no_default(action: argparse.Action) -> bool:
+    """An option whose default says nothing: None, a flag's False, or suppressed. Compared by identity, since
+    `0 in (None, False)` is true and a default of 0 or 0.0 (a seed, a dropout rate) must be shown."""
+    return action.default is None or action.default is False or action.default is argparse.SUPPRESS
 
 
 def positive_int(text: str) -> int:

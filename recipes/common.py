@@ -71,15 +71,17 @@ def add_training_arguments(
     learning_rate: float,
     max_steps: int,
     max_eval_samples: int = 256,
+    output_dir_example: str = "runs/damcha_gpt2-stdlib-byte",
 ) -> None:
     """The shared training flags. `output_dir` names the default run folder and may hold `{settings}`, filled in
-    from the run's settings by `parse_checked(..., run_name=...)`, so runs with other settings never share a folder."""
+    from the run's settings by `parse_checked(..., run_name=...)`, so runs with other settings never share a folder;
+    `output_dir_example` is the folder the recipe's defaults give, shown in the help."""
     group = parser.add_argument_group("training")
     group.add_argument(
         "--output-dir",
         default=None,
         help=f"checkpoints and the final model (default: {output_dir.replace('{settings}', 'SETTINGS')}, named after "
-        "the run's settings, e.g. runs/damcha_gpt2-stdlib-byte): a new or "
+        f"the run's settings, e.g. {output_dir_example}): a new or "
         "empty folder; an earlier run's folder needs --overwrite-output-dir (or --resume); a folder holding other "
         "files is refused",
     )

@@ -66,10 +66,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     data.add_argument("--fashion-mnist-dir", default="/usr/share/datasets/fashion-mnist")
     data.add_argument("--image-size", type=common.checks.positive_int, help="ViT: default the base model's image size")
-    data.add_argument("--no-augment", action="store_true")
+    data.add_argument("--no-augment", action="store_true", help="ViT: no random crop / flip of training images")
     common.add_metric_arguments(parser)
     common.add_training_arguments(parser, output_dir="runs/lora-{settings}", batch_size=16, learning_rate=1e-3,
-                                  max_steps=500)  # fmt: skip
+                                  max_steps=500, output_dir_example="runs/lora-gpt2-corpus for --base path/to/gpt2 "
+                                  "--data corpus.txt")  # fmt: skip
     args = common.parse_checked(parser, argv, run_name=lambda args: common.run_folder_name(
         args.base, args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
     if not os.path.isfile(os.path.join(args.base, "config.json")):

@@ -48,9 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_text_data_arguments(parser)
     common.add_gpt2_size_arguments(parser)
     common.add_metric_arguments(parser)
-    common.add_training_arguments(
-        parser, output_dir="runs/accelerate-{settings}", batch_size=16, learning_rate=2e-3, max_steps=1000
-    )
+    common.add_training_arguments(parser, output_dir="runs/accelerate-{settings}", batch_size=16, learning_rate=2e-3,
+                                  max_steps=1000, output_dir_example="runs/accelerate-damcha_gpt2-stdlib-byte")  # fmt: skip
     args = common.parse_checked(parser, argv, run_name=common.language_model_run_name)
     common.check_new_language_model_sizes(parser, args)
     return args

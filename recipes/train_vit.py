@@ -40,7 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model")
     common.add_metric_arguments(parser)
     common.add_training_arguments(parser, output_dir="runs/vit-{settings}", batch_size=64, learning_rate=1e-3,
-                                  max_steps=2000, max_eval_samples=2000)  # fmt: skip
+                                  max_steps=2000, max_eval_samples=2000,
+                                  output_dir_example="runs/vit-fashion-mnist")  # fmt: skip
     args = common.parse_checked(parser, argv, run_name=lambda args: common.run_folder_name(
         args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
     if not args.init_from:

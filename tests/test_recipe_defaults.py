@@ -91,15 +91,37 @@ def test_a_quick_run_evaluates_and_saves_once_at_the_end_and_reads_only_what_it_
 
 
 @pytest.mark.parametrize("name", ["train_gpt2", "train_gpt2_accelerate", "train_vit", "finetune_lora"])
-def test_help_shows_the_real_defaults(name, capsys):
+def test_help_shows_the_real_defaults(name, capsys, tmp_path, monkeypatch):
+    recipe = load_recipe(name)
+    monkeypatch.setenv("COLUMNS", "1000")  # no line wrapping, which breaks words at hyphens
     with pytest.raises(SystemExit):
-        load_recipe(name).parse_args(["--help"])
+        recipe.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: 0.01)" in text  # --weight-decay, whose help says nothing else
+    assert "--seed SEED (default: 0)" in text  # a default of 0 is a default too
     assert "--cross-head-variant {damcha,talking_heads,dcmha,none}" in text
     eval_default = 2000 if name == "train_vit" else 256
     assert re.search(rf"--max-eval-samples MAX_EVAL_SAMPLES [^-]*\(default: {eval_default}\)", text), text
     assert "(default: None)" not in text
+    # The example run folder in --output-dir's help is the one this recipe's defaults give.
+    example = re.search(r"--output-dir OUTPUT_DIR .*? e\.g\. ([^\s):]+)", text)[1]
+    monkeypatch.chdir(tmp_path)
+    arguments = []
+    if name == "finetune_lora":  # the help's example: --base path/to/gpt2 --data corpus.txt
+        assert "--base path/to/gpt2 --data corpus.txt" in text
+        (tmp_path / "path" / "to" / "gpt2").mkdir(parents=True)
+        (tmp_path / "path" / "to" / "gpt2" / "config.json").write_text("{}")
+        (tmp_path / "corpus.txt").write_text("text")
+        arguments = ["--base", "path/to/gpt2", "--data", "corpus.txt"]
+    assert recipe.parse_args(arguments).output_dir == example
+
+
+def test_cli_help_shows_the_real_defaults(capsys):
+    for command, shown in (("push", "(default: Upload DAMCHA checkpoint)"), ("demo", "--seed SEED (default: 0)")):
+        with pytest.raises(SystemExit):
+            cli_main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert shown in text, command
 
 
 def test_accelerate_docstring_keeps_each_example_on_its_line():

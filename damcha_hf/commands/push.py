@@ -4,8 +4,11 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from damcha_hf_cli import light_import
+
     parser = subparsers.add_parser(
         "push",
+        formatter_class=light_import("damcha_hf.argument_checks").HelpFormatter,
         help="upload a checkpoint to the Hugging Face Hub (safetensors, config, code, preprocessor, card, images)",
         description="Create the Hub model repository REPO_ID if needed and upload the checkpoint's safetensors "
         "weights, config, model code, tokenizer or image processor, README.md and its images; optimizer, scheduler, "
@@ -20,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a Hub token with write access; prefer the HF_TOKEN environment variable or `hf auth login` (the "
         "default), since a token on the command line stays in the shell history and the process list",
     )
-    parser.add_argument("--commit-message", default="Upload DAMCHA checkpoint")
+    parser.add_argument("--commit-message", default="Upload DAMCHA checkpoint", help="the Hub commit's message")
     parser.set_defaults(func=run)
 
 

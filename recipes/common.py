@@ -31,8 +31,9 @@ options = light_import("damcha_hf.modeling.damcha_options")
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 # What a recipe writes directly in --output-dir: Trainer / Accelerate checkpoints, the final model, the results.
 RUN_SETTINGS_FILE = "run_settings.json"  # the model settings of a run whose checkpoints do not hold its config
+TRACKER_LOGS = "runs"  # TensorBoard's logs with --report-to tensorboard (the Trainer's place; the Accelerate recipe's)
 RUN_FOLDER_ENTRIES = ("checkpoint-*", "final", "eval_results.json", "adapter", "merged", "base",
-                      "parameter_sha256_rank*.txt", RUN_SETTINGS_FILE)  # fmt: skip
+                      "parameter_sha256_rank*.txt", RUN_SETTINGS_FILE, TRACKER_LOGS)  # fmt: skip
 RUN_FOLDER_CHECKPOINTS = ("final", "merged", "base")  # replaced as a whole by the final save
 
 
@@ -120,9 +121,10 @@ def add_training_arguments(
         "out takes the checkpoint's value, and one given with a different value is refused, naming every such flag",
     )
     group.add_argument("--num-threads", type=checks.positive_int, help="torch CPU threads (default: torch's choice)")
-    group.add_argument("--report-to", default="none",
+    group.add_argument("--report-to", default="none", type=report_targets,
                        help="experiment trackers, as transformers' `report_to`: none, all, or a comma-separated "
-                       "list (tensorboard, wandb, trackio, ...)")  # fmt: skip
+                       "list (tensorboard, wandb, trackio, ...); each must be installed, checked before any data is "
+                       "loaded. TensorBoard logs go to <output-dir>/runs")  # fmt: skip
     group.add_argument("--push-to-hub", action="store_true",
                        help="upload the final model to the Hub with damcha_hf.hub.push_checkpoint (weights, config, "
                        "code, tokenizer/processor, card, images; never the optimizer or trainer state); needs a "
@@ -130,6 +132,48 @@ def add_training_arguments(
     group.add_argument("--hub-model-id", help="the Hub repository for --push-to-hub (default: the --output-dir name)")
     group.add_argument("--hub-private-repo", action="store_true", help="create the --push-to-hub repository private")
     group.add_argument("--debug", action="store_true", help="on an error, show the traceback, not one line")
+
+
+def report_targets(text: str) -> list[str]:
+    """`--report-to`: "none" (nothing, as []), "all", or comma-separated tracker names, as a list."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or ("none" in names and len(names) > 1) or ("all" in names and len(names) > 1):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give 'none', 'all', or tracker names separated by commas (e.g. tensorboard,wandb)"
+        )
+    return [] if names == ["none"] else names
+
+
+def check_report_to(args: argparse.Namespace, *, accelerate: bool = False) -> None:
+    """--report-to names trackers that transformers' Trainer (or Accelerate, for the Accelerate recipe) knows and that
+    are installed here: checked before any data is loaded, since the Trainer would fail only once it is built, and
+    Accelerate would silently log nowhere."""
+    names = [name for name in args.report_to if name != "all"]
+    if not names:
+        return
+    if accelerate:
+        from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
+        from accelerate.utils import LoggerType
+
+        known = set(LOGGER_TYPE_TO_CLASS)
+        # Accelerate's own trackers are available when their package is; one registered by the user always is.
+        available = {str(tracker) for tracker in get_available_trackers()} | (known - set(LoggerType.list()))
+        library = "Accelerate"
+    else:
+        from transformers.integrations import integration_utils
+
+        known = set(integration_utils.INTEGRATION_TO_CALLBACK)
+        available = set(integration_utils.get_available_reporting_integrations())
+        library = "transformers"
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"--report-to {','.join(unknown)}: not a tracker {library} knows; use none, all, or some of "
+                         f"{', '.join(sorted(known))}")  # fmt: skip
+    missing = [name for name in names if name not in available]
+    if missing:
+        raise ValueError(f"--report-to {','.join(missing)}: {' and '.join(missing)} not installed here; install it "
+                         f"(e.g. `pip install {' '.join(name.replace('_', '-') for name in missing)}`), or leave it "
+                         "out of --report-to")  # fmt: skip
 
 
 # A run with fewer steps is a smoke test: one evaluation (of at most QUICK_RUN_EVAL_SAMPLES, unless
@@ -299,8 +343,10 @@ def training_arguments(args: argparse.Namespace, **overrides):
     return TrainingArguments(**kwargs)
 
 
-def check_push(args: argparse.Namespace) -> None:
-    """With --push-to-hub, fail before any training when no token is at hand (`damcha_hf.hub.check_can_push`)."""
+def check_push(args: argparse.Namespace, *, accelerate: bool = False) -> None:
+    """Before any data is loaded: --report-to's trackers are installed (`check_report_to`) and, with --push-to-hub,
+    a token is at hand (`damcha_hf.hub.check_can_push`)."""
+    check_report_to(args, accelerate=accelerate)
     if args.push_to_hub:
         from damcha_hf.hub import check_can_push
 

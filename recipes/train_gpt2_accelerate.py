@@ -103,11 +103,11 @@ def main(argv=None) -> dict:
     resume = common.resolve_resume(args.resume, args.output_dir, marker=STATE_FILE)
     common.check_language_model_resume(args, resume)
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
-    common.check_push(args)
+    common.check_push(args, accelerate=True)
 
     import torch
     from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration, DistributedType, set_seed
+    from accelerate.utils import DataLoaderConfiguration, DistributedType, ProjectConfiguration, set_seed
     from torch.utils.data import DataLoader
     from transformers import AutoModelForCausalLM, default_data_collator, get_scheduler
 
@@ -119,7 +119,11 @@ def main(argv=None) -> dict:
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision="bf16" if args.bf16 else None,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-    )
+        # --report-to: TensorBoard writes to <output-dir>/runs/<run name>, as under the Trainer.
+        log_with=args.report_to or None,
+        project_config=ProjectConfiguration(project_dir=args.output_dir,
+                                            logging_dir=os.path.join(args.output_dir, common.TRACKER_LOGS)),
+    )  # fmt: skip
     check_fsdp_runs(accelerator, DistributedType)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
@@ -160,6 +164,9 @@ def main(argv=None) -> dict:
     byte_lengths = torch.as_tensor(token_byte_lengths(tokenizer))
     model_config = accelerator.unwrap_model(model).config.to_dict()  # saved with each checkpoint, checked on resume
 
+    hyperparameters = {key: value for key, value in vars(args).items() if isinstance(value, (int, float, str, bool))}
+    accelerator.init_trackers(os.path.basename(os.path.normpath(args.output_dir)), config=hyperparameters)
+
     step, log_history = 0, []
     if resume:
         accelerator.load_state(resume)
@@ -174,6 +181,7 @@ def main(argv=None) -> dict:
     progress = tqdm(total=args.max_steps, initial=step, desc="training", disable=not accelerator.is_local_main_process)
 
     def report(entry: dict) -> None:
+        accelerator.log({key: value for key, value in entry.items() if key != "step"}, step=entry["step"])
         if accelerator.is_local_main_process:
             progress.write(str(entry))
 
@@ -269,6 +277,9 @@ class TiedWeightsNotice(logging.Filter):
         return "Removed shared tensor {'lm_head.weight'}" not in record.getMessage()  # after a [RANK n] prefix
 
 
+TIED_WEIGHTS_NOTICE = TiedWeightsNotice()  # one instance, so that each save does not add another filter
+
+
 def remove_old_checkpoints(output_dir: str, limit: int) -> None:
     """--save-total-limit: delete the oldest `checkpoint-N` folders this recipe wrote (they hold its loop state)
     beyond the newest `limit`."""
@@ -286,7 +297,7 @@ def remove_old_checkpoints(output_dir: str, limit: int) -> None:
 
 def save_checkpoint(accelerator, tokenizer, output_dir: str, step: int, log_history: list, model_config: dict) -> None:
     folder = os.path.join(output_dir, f"checkpoint-{step}")
-    logging.getLogger("accelerate.utils.other").addFilter(TiedWeightsNotice())
+    logging.getLogger("accelerate.utils.other").addFilter(TIED_WEIGHTS_NOTICE)
     accelerator.save_state(folder)
     if accelerator.is_main_process:
         tokenizer.save_pretrained(folder)

@@ -158,3 +158,72 @@ def test_accelerate_recipe_keeps_save_total_limit_checkpoints_quietly_with_a_pro
     assert sorted(path.name for path in output.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-4"]
     assert "Removed shared tensor" not in completed.stdout + completed.stderr
     assert re.search(r"training: 100%\|.*\| 4/4", completed.stderr), completed.stderr[-2000:]
+
+
+def test_report_to_takes_a_comma_separated_list_and_refuses_unknown_or_missing_trackers(tmp_path, corpus, monkeypatch,
+                                                                                         capsys):  # fmt: skip
+    from transformers.integrations import integration_utils
+
+    recipe = load_recipe("train_gpt2")
+    output = ["--output-dir", str(tmp_path / "run")]
+    assert recipe.parse_args([*output, "--report-to", "tensorboard, wandb"]).report_to == ["tensorboard", "wandb"]
+    assert recipe.parse_args(output).report_to == []  # none
+    with pytest.raises(SystemExit):
+        recipe.parse_args([*output, "--report-to", "none,wandb"])
+    assert "--report-to" in capsys.readouterr().err
+
+    # Checked before any data is read: an unknown name, and a tracker that is not installed.
+    monkeypatch.setattr(integration_utils, "get_available_reporting_integrations", lambda: [])
+    for trackers, expected in (("tensorboard,nonsense", "nonsense: not a tracker transformers knows"),
+                               ("tensorboard", "tensorboard: tensorboard not installed here")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"--report-to {expected}"):
+            recipe.main(["--data", corpus, *TINY_GPT2_ARGS, "--max-steps", "2", *output, "--report-to", trackers])
+        assert "reading about" not in capsys.readouterr().out
+    assert not (tmp_path / "run").exists()
+
+
+def test_report_to_reaches_the_trainer_and_the_accelerate_loop(tmp_path, corpus, monkeypatch):
+    """A tracker named with --report-to receives the losses: the Trainer's reporting callback, and Accelerate's
+    tracker in the Accelerate recipe (which used to accept the flag and log nowhere)."""
+    from accelerate import tracking
+    from transformers import TrainerCallback
+    from transformers.integrations import integration_utils
+
+    trainer_logs, accelerate_trackers = [], []
+
+    class RecordingCallback(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            trainer_logs.append(dict(logs or {}))
+
+    class RecordingTracker(tracking.GeneralTracker):
+        name, requires_logging_directory = "recorder", True
+
+        def __init__(self, run_name, logging_dir, **kwargs):
+            super().__init__()
+            self.run_name, self.logging_dir, self.config, self.logs = run_name, logging_dir, None, []
+            accelerate_trackers.append(self)
+
+        @property
+        def tracker(self):
+            return self
+
+        def store_init_configuration(self, values):
+            self.config = dict(values)
+
+        def log(self, values, step=None, **kwargs):
+            self.logs.append((step, dict(values)))
+
+    monkeypatch.setitem(integration_utils.INTEGRATION_TO_CALLBACK, "recorder", RecordingCallback)
+    monkeypatch.setattr(integration_utils, "get_available_reporting_integrations", lambda: ["recorder"])
+    monkeypatch.setitem(tracking.LOGGER_TYPE_TO_CLASS, "recorder", RecordingTracker)
+    arguments = ["--data", corpus, *TINY_GPT2_ARGS, "--max-steps", "2", "--report-to", "recorder"]
+
+    load_recipe("train_gpt2").main([*arguments, "--output-dir", str(tmp_path / "trainer")])
+    assert [entry["loss"] > 0 for entry in trainer_logs if "loss" in entry] == [True, True]  # --logging-steps 1
+
+    output = tmp_path / "accelerate"
+    load_recipe("train_gpt2_accelerate").main([*arguments, "--output-dir", str(output)])
+    (tracker,) = accelerate_trackers
+    assert tracker.logging_dir == str(output / "runs") and tracker.config["max_steps"] == 2
+    assert [step for step, values in tracker.logs if "loss" in values] == [1, 2]
+    assert [step for step, values in tracker.logs if "eval_bits_per_byte" in values] == [2]

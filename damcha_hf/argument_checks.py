@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import re
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -103,8 +104,9 @@ def _number(text: str, kind: type):
 
 
 def hub_id(text: str) -> str:
-    """A Hub repository id (`owner/name` or `name`), never a local path: a path written into a published file would
-    leak the machine's folder layout and mean nothing to anyone else."""
+    """A full Hub repository id (`owner/name`), never a local path: a path written into a published file would leak
+    the machine's folder layout and mean nothing to anyone else. A bare `name` is refused too: the Hub creates it as
+    `<token owner>/name`, so a file naming it `name` would point at nothing."""
     import os
 
     if os.path.isabs(text) or text.startswith((".", "~")) or os.path.isdir(text) or text.count("/") > 1 or not text:
@@ -112,7 +114,29 @@ def hub_id(text: str) -> str:
             f"{text!r} looks like a local path, not a Hub id; give the id the model is published under, e.g. "
             "'your-name/damcha-gpt2-base'"
         )
+    message = repo_id_error(text)
+    if message:
+        raise argparse.ArgumentTypeError(message)
+    if "/" not in text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has no namespace; give the full id the model is published under, e.g. 'your-name/{text}'"
+        )
     return text
+
+
+# huggingface_hub's rule for a repository id (`validate_repo_id`), without importing it: `name` or `namespace/name`
+# of ASCII letters, digits, `_`, `-` and `.`, each at most 96 characters, no `--` or `..`, not ending in `.git`.
+_REPO_ID = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", flags=re.ASCII)
+
+
+def repo_id_error(text: str) -> str | None:
+    """Why `text` is not a valid Hub repository id, or None when it is."""
+    if not _REPO_ID.fullmatch(text) or "--" in text or ".." in text or text.endswith(".git"):
+        return (
+            f"{text!r} is not a valid Hub repository id ('name' or 'namespace/name': letters, digits, '-', '_' and "
+            "'.', no '--' or '..', the name at most 96 characters)"
+        )
+    return None
 
 
 def text_data_source(text: str) -> str:
@@ -169,5 +193,6 @@ __all__ = [
     "positive_float",
     "positive_int",
     "probability",
+    "repo_id_error",
     "text_data_source",
 ]

@@ -228,7 +228,12 @@ def parse_checked(parser: argparse.ArgumentParser, argv=None, *, run_name=None) 
         if offline:
             parser.error(f"--push-to-hub: the Hub is in offline mode ({offline[0]}=1); unset it on a machine with "
                          "network access, or train without --push-to-hub and run `damcha-hf push` later")  # fmt: skip
+        given = args.hub_model_id is not None
         args.hub_model_id = args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))
+        message = checks.repo_id_error(args.hub_model_id)
+        if message:  # found now, not after training
+            parser.error(f"--hub-model-id {message}" + ("" if given else " (the --output-dir name, its default)")
+                         + "; pass --hub-model-id your-name/model-name")  # fmt: skip
     return args
 
 

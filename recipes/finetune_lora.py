@@ -271,6 +271,7 @@ def check_adapter_has_no_local_paths(adapter: str, output_dir: str) -> None:
 def adapter_card(args, family, trainable: list[str], base_reference: str) -> str:
     """The adapter's README.md (PEFT's own is an empty template): what it holds and how to load it."""
     generator = "frozen" if args.freeze_generator else "trained in full (PEFT `modules_to_save`)"
+    base_id = args.base_model_id or BASE_PLACEHOLDER  # the snippets name a published base by its Hub id
     base_line = [f"base_model: {args.base_model_id}"] if args.base_model_id else []
     lines = [
         "---", "library_name: peft", *base_line, "tags:", "- damcha", "- lora", f"- {family.model_type}", "---", "",
@@ -292,7 +293,7 @@ def adapter_card(args, family, trainable: list[str], base_reference: str) -> str
             "Load the base DAMCHA model (`<output-dir>/base` of the run folder) and attach the adapter:", "",
             "```python", "import damcha_hf  # registers the DAMCHA classes", "from peft import PeftModel",
             "from transformers import AutoModelForImageClassification", "",
-            f'base = AutoModelForImageClassification.from_pretrained("{BASE_PLACEHOLDER}")',
+            f'base = AutoModelForImageClassification.from_pretrained("{base_id}")',
             f'model = PeftModel.from_pretrained(base, "{ADAPTER_PLACEHOLDER}")', "```", "",
             f"`base_model_name_or_path` in `adapter_config.json` is {where}.",
         ]  # fmt: skip
@@ -307,7 +308,7 @@ def adapter_card(args, family, trainable: list[str], base_reference: str) -> str
         "merged = model.merge_and_unload()  # a plain DAMCHA model", "```", "",
         "From any other folder, or with the base somewhere else, name the base yourself:", "",
         "```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM", "",
-        f'base = AutoModelForCausalLM.from_pretrained("{BASE_PLACEHOLDER}", trust_remote_code=True)',
+        f'base = AutoModelForCausalLM.from_pretrained("{base_id}", trust_remote_code=True)',
         f'model = PeftModel.from_pretrained(base, "{ADAPTER_PLACEHOLDER}")', "```", "",
         "With the plugin installed, `trust_remote_code` is not needed (`import damcha_hf` registers the classes).",
     ]  # fmt: skip

@@ -197,9 +197,10 @@ def test_a_lora_adapter_outside_the_current_folder_names_its_base_without_absolu
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    with pytest.raises(SystemExit) as refused:
-        recipe.parse_args(["--base", str(tmp_path), "--base-model-id", str(tmp_path / "base")])
-    assert refused.value.code == 2
+    for local_or_bare in (str(tmp_path / "base"), "damcha-gpt2-base"):  # a bare name lands in the owner's namespace
+        with pytest.raises(SystemExit) as refused:
+            recipe.parse_args(["--base", str(tmp_path), "--base-model-id", local_or_bare])
+        assert refused.value.code == 2
 
     runs = {"hub": tmp_path / "runs" / "with-id", "local": tmp_path / "runs" / "without-id"}
     train_lora_adapter(recipe, tmp_path, str(runs["hub"]), "--base-model-id", "your-name/damcha-gpt2-base")
@@ -207,7 +208,9 @@ def test_a_lora_adapter_outside_the_current_folder_names_its_base_without_absolu
     assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == (
         "your-name/damcha-gpt2-base"
     )
-    assert "\nbase_model: your-name/damcha-gpt2-base\n" in (adapter / "README.md").read_text()
+    card = (adapter / "README.md").read_text()
+    assert "\nbase_model: your-name/damcha-gpt2-base\n" in card
+    assert 'from_pretrained("your-name/damcha-gpt2-base", trust_remote_code=True)' in card  # not path/to/base
     assert_no_absolute_paths(adapter, tmp_path, runs["hub"], elsewhere)
 
     train_lora_adapter(recipe, tmp_path, str(runs["local"]))

@@ -233,6 +233,8 @@ def test_save_hub_checkpoint_writes_everything_atomically(tmp_path):
 class FakeHub:
     """Stands in for the Hub behind `HfApi`: records every call, writes committed files into a local folder."""
 
+    USER = "token-owner"
+
     def __init__(self, root: Path):
         self.root, self.calls = root, []
 
@@ -241,7 +243,8 @@ class FakeHub:
 
         def create_repo(self, repo_id, *, private=False, exist_ok=False, repo_type=None, **kwargs):
             hub_.calls.append(("create_repo", repo_id, {"private": private, "exist_ok": exist_ok, "token": self.token}))
-            return SimpleNamespace(repo_id=repo_id)
+            # As the Hub does, a bare name is created in the token owner's namespace and returned in full.
+            return SimpleNamespace(repo_id=repo_id if "/" in repo_id else f"{FakeHub.USER}/{repo_id}")
 
         def create_branch(self, repo_id, *, branch, exist_ok=False, repo_type=None, **kwargs):
             hub_.calls.append(("create_branch", repo_id, {"branch": branch}))
@@ -553,3 +556,32 @@ def test_lora_recipe_push_needs_the_base_hub_id_before_training(tmp_path, capsys
     with pytest.raises(SystemExit):
         finetune_lora.parse_args(["--base", str(base), "--push-to-hub", "--output-dir", str(tmp_path / "run")])
     assert "--base-model-id" in capsys.readouterr().err
+
+
+def test_recipe_push_to_hub_goes_through_the_safe_push(tmp_path, fake_hub, online, monkeypatch, capsys):
+    """`train_gpt2.py --push-to-hub` uploads the final model through `push_checkpoint` (its Hub files only, never the
+    Trainer's checkpoints or state), to --hub-model-id or the --output-dir name; the card's loading snippets name the
+    repository in full (a bare name is created in the token owner's namespace); a bad id fails while parsing."""
+    from test_recipes import TINY_GPT2_ARGS, load_recipe
+
+    recipe = load_recipe("train_gpt2")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {index} of a small corpus to push\n" for index in range(300)))
+    monkeypatch.setenv("HF_TOKEN", "hf_fake")
+    for arguments, expected in (([], "--hub-model-id 'my run' is not a valid Hub repository id"),
+                                (["--hub-model-id", "a/b/c"], "--hub-model-id 'a/b/c' is not a valid")):  # fmt: skip
+        with pytest.raises(SystemExit) as refused:
+            recipe.parse_args(["--push-to-hub", "--output-dir", str(tmp_path / "my run"), *arguments])
+        assert refused.value.code == 2 and expected in capsys.readouterr().err
+    assert fake_hub.calls == []
+
+    output = tmp_path / "tiny-run"
+    recipe.main(["--data", str(corpus), *TINY_GPT2_ARGS, "--max-steps", "2", "--output-dir", str(output),
+                 "--push-to-hub"])  # fmt: skip
+    assert [call[:2] for call in fake_hub.calls] == [("create_repo", "tiny-run"),
+                                                     ("create_commit", f"{FakeHub.USER}/tiny-run")]  # fmt: skip
+    files = set(fake_hub.calls[1][2]["files"])
+    assert {"model.safetensors", "config.json", "README.md", "tokenizer.json", "loss_curve.png"} <= files
+    assert files == set(hub.upload_plan(output / "final"))  # the safe push's plan of final/, nothing else
+    card = (fake_hub.root / FakeHub.USER / "tiny-run" / "main" / "README.md").read_text()
+    assert f'from_pretrained("{FakeHub.USER}/tiny-run"' in card and hub.REPO_PLACEHOLDER not in card

@@ -3,6 +3,7 @@ its images; only regular files inside the folder) and the push itself."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -284,6 +285,11 @@ def push_checkpoint(
     folder = Path(folder)
     plan = upload_plan(folder)
     check_no_local_paths(folder, plan.values())
+    api = HfApi(token=token)
+    with _one_line_push_errors(repo_id, token):
+        # The full id (`namespace/name`): a bare name is created in the token owner's namespace, and the card's
+        # loading snippets must name the repository as others reach it.
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
     operations = []
     for path_in_repo, path in plan.items():
         content = str(path)
@@ -293,18 +299,24 @@ def push_checkpoint(
             config, changed = completed_config(folder)
             content = config_json_bytes(config) if changed else content
         operations.append(CommitOperationAdd(path_in_repo=path_in_repo, path_or_fileobj=content))
-    api = HfApi(token=token)
-    try:
-        repo_id = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model").repo_id
+    with _one_line_push_errors(repo_id, token):
         if revision:
             api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
         commit = api.create_commit(
             repo_id, operations=operations, commit_message=commit_message, revision=revision, repo_type="model"
         )
-    except Exception as error:  # network, authentication, permission: one line, without the token
+    return commit.commit_url
+
+
+@contextlib.contextmanager
+def _one_line_push_errors(repo_id: str, token: str):
+    """A network, authentication or permission failure of a Hub call becomes one `HubPushError` line, without the
+    token."""
+    try:
+        yield
+    except Exception as error:
         message = " ".join(str(error).split()).replace(token, "<token>") or type(error).__name__
         raise HubPushError(
             f"pushing to {repo_id} failed ({type(error).__name__}): {message[:300]}. Check the network, that the "
             "token has write access to the repository, and try again."
         ) from None
-    return commit.commit_url

@@ -2,10 +2,13 @@
 
 import json
 import math
+import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,17 +18,39 @@ import damcha_hf
 from damcha_hf.cli import main
 
 
-def test_demo_tiny_run_writes_a_loadable_checkpoint(tmp_path, capsys):
-    text = "".join(f"def function_{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300))
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(text)
+def tiny_corpus(folder: Path) -> Path:
+    corpus = folder / "corpus.txt"
+    corpus.write_text("".join(f"def function_{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(300)))
+    return corpus
+
+
+TINY_DEMO_ARGS = ["--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--block-size", "32", "--batch-size", "8",
+                  "--metric-hidden-size", "8", "--eval-blocks", "8", "--sample-tokens", "10", "--no-progress",
+                  "--num-threads", "1"]  # fmt: skip
+
+
+def loss_curves_drawn(monkeypatch) -> dict[str, list[float]]:
+    """{legend label: y values} of every line of the loss-curve figures drawn from now on (read as they are closed)."""
+    import matplotlib.pyplot as plt
+
+    curves, close = {}, plt.close
+
+    def recording_close(figure=None):
+        for axis in getattr(figure, "axes", []):
+            if axis.get_ylabel() == "loss":
+                curves.update({line.get_label(): list(line.get_ydata()) for line in axis.get_lines()})
+        return close(figure)
+
+    monkeypatch.setattr(plt, "close", recording_close)
+    return curves
+
+
+def test_demo_tiny_run_writes_a_loadable_checkpoint(tmp_path, capsys, monkeypatch):
+    corpus = tiny_corpus(tmp_path)
     output = tmp_path / "demo"
-    exit_code = main([
-        "demo", "--data", str(corpus), "--output-dir", str(output), "--max-steps", "20", "--time-budget", "0",
-        "--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--block-size", "32", "--batch-size", "8",
-        "--metric-hidden-size", "8", "--eval-blocks", "8", "--sample-tokens", "10", "--no-progress",
-        "--learning-rate", "3e-3", "--num-threads", "1",
-    ])  # fmt: skip
+    curves = loss_curves_drawn(monkeypatch)
+    exit_code = main(["demo", "--data", str(corpus), "--output-dir", str(output), "--max-steps", "20",
+                      "--time-budget", "0", "--learning-rate", "3e-3", *TINY_DEMO_ARGS])  # fmt: skip
     assert exit_code == 0
     captured = capsys.readouterr()
     printed = captured.out
@@ -66,7 +91,55 @@ def test_demo_tiny_run_writes_a_loadable_checkpoint(tmp_path, capsys):
     assert "demo's training loop" in body and "`Trainer` log history" not in body
     assert "pip install damcha-hf" not in card
     assert "not expected to read as code" in body and "does not read as code" in printed
-    assert "Downloading data" not in captured.err and "loss_type=None" not in captured.err
+    # The card's loss curve draws both models' training losses, each as logged.
+    assert curves["damcha-demo: training loss"] == pytest.approx(damcha_log)
+    assert curves["MHA baseline: training loss"] == pytest.approx(mha_log)
+    assert "MHA baseline: validation loss" in curves
+
+
+def test_demo_prints_no_download_bars_or_loss_type_warnings(tmp_path):
+    """As a user sees it: a fresh process and Hugging Face cache (in-process, a warning transformers gives once per
+    process, or a dataset already cached, would hide them)."""
+    # A folder of files, as the default stdlib corpus is: `datasets` shows "Downloading data" over many local files.
+    corpus = tmp_path / "sources"
+    corpus.mkdir()
+    text = tiny_corpus(tmp_path).read_text()
+    for index in range(30):
+        (corpus / f"part_{index}.txt").write_text(text[index * 300 : (index + 1) * 300])
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "TRANSFORMERS_"))}
+    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    completed = subprocess.run(
+        [sys.executable, "-m", "damcha_hf_cli", "demo", "--data", str(corpus), "--output-dir", str(tmp_path / "demo"),
+         "--max-steps", "4", "--time-budget", "0", *TINY_DEMO_ARGS],
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    printed = completed.stdout + completed.stderr
+    assert "bits per byte" in completed.stdout
+    assert "Downloading data" not in printed and "loss_type" not in printed, completed.stderr[-3000:]
+
+
+def test_demo_states_its_time_budget_plan_once_at_a_steady_pace(tmp_path, capsys, monkeypatch):
+    """The plan is re-estimated at steps 16, 32, 64, ...; at a steady pace it changes by a step or two, which is said
+    once, not at every re-estimate. A fake clock gives each step the same time."""
+    from damcha_hf.commands import demo
+
+    clock = {"now": 0.0}
+
+    def perf_counter():
+        clock["now"] += 0.05
+        return clock["now"]
+
+    monkeypatch.setattr(demo, "time", SimpleNamespace(perf_counter=perf_counter))
+    output = tmp_path / "demo"
+    exit_code = main(["demo", "--data", str(tiny_corpus(tmp_path)), "--output-dir", str(output), "--time-budget",
+                      "0.05", *TINY_DEMO_ARGS])  # fmt: skip
+    assert exit_code == 0
+    captured = capsys.readouterr()
+    plans = re.findall(r"(\d+) steps fit the 0.05-minute budget", captured.out + captured.err)
+    steps = json.loads((output / "demo_results.json").read_text())["steps"]
+    assert len(plans) == 1 and 16 < steps < 1000, (plans, steps)
+    assert abs(int(plans[0]) - steps) <= 0.2 * steps  # what was said is about what ran
 
 
 @pytest.mark.slow

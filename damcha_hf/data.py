@@ -21,6 +21,7 @@ dataset without the named column, a tokenizer with more ids than the model has e
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import os
@@ -229,6 +230,19 @@ def _split_train_validation(
     )
 
 
+@contextlib.contextmanager
+def _no_download_bars():
+    """`datasets.load_dataset` of local files without its "Downloading data" / "Generating ... split" bars: nothing
+    is downloaded, and the bars only confuse."""
+    bars_were_enabled = not datasets.utils.are_progress_bars_disabled()
+    datasets.utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if bars_were_enabled:
+            datasets.utils.enable_progress_bars()
+
+
 def load_text_corpus(
     data: str | os.PathLike | Sequence[str] = "stdlib",
     *,
@@ -265,10 +279,7 @@ def load_text_corpus(
             files.sort()
         if all(os.path.getsize(file) == 0 for file in files):
             raise ValueError(f"The corpus {str(data)!r} is empty (its files have no text); point `--data` at text.")
-        # Local files: `datasets` would show "Downloading data" bars for them, which only confuses.
-        bars_were_enabled = not datasets.utils.are_progress_bars_disabled()
-        datasets.utils.disable_progress_bars()
-        try:
+        with _no_download_bars():
             dataset = datasets.load_dataset(
                 "text",
                 data_files={"train": files},
@@ -277,9 +288,6 @@ def load_text_corpus(
                 encoding_errors="replace",
                 split="train",
             )
-        finally:
-            if bars_were_enabled:
-                datasets.utils.enable_progress_bars()
         if not documents and max_bytes is not None:
             lengths = np.cumsum([len(line.encode("utf-8")) for line in dataset["text"]])
             dataset = dataset.select(range(max(1, int(np.searchsorted(lengths, max_bytes)))))
@@ -424,7 +432,8 @@ def load_image_folder(path: str, *, validation_fraction: float = 0.1, seed: int 
         raise FileNotFoundError(
             f"Image folder {path!r} does not exist; pass a folder laid out as <folder>/<label>/<image files>."
         )
-    loaded = datasets.load_dataset("imagefolder", data_dir=path)
+    with _no_download_bars():
+        loaded = datasets.load_dataset("imagefolder", data_dir=path)
     check_column(loaded, "label", option="an image folder laid out as <folder>/<label>/<image> (no labels found)")
     if "validation" not in loaded and "test" in loaded:
         loaded["validation"] = loaded.pop("test")

@@ -96,8 +96,12 @@ def test_clear_errors(tmp_path):
     data.check_tokenizer_matches_model(tokenizer, tiny_damcha_gpt2_config(vocab_size=257))
     with pytest.raises(FileNotFoundError, match="Image folder"):
         data.load_image_folder(str(tmp_path / "no-images"))
-    with pytest.raises(FileNotFoundError, match="Fashion-MNIST folder"):
+    # A missing Fashion-MNIST says where Debian puts it and how to get it.
+    with pytest.raises(FileNotFoundError, match="Fashion-MNIST folder .*`apt-get install dataset-fashion-mnist`"):
         data.load_fashion_mnist(str(tmp_path / "no-idx"))
+    (tmp_path / "empty-idx").mkdir()
+    with pytest.raises(FileNotFoundError, match="no t10k-images-idx3-ubyte.*`apt-get install dataset-fashion-mnist`"):
+        data.load_fashion_mnist(str(tmp_path / "empty-idx"), "test")
 
 
 def test_stdlib_corpus_is_the_standard_library():
@@ -128,12 +132,14 @@ def test_fashion_mnist_idx_reader(tmp_path):
     np.testing.assert_array_equal(np.asarray(first), images[2])
 
 
-def test_image_folder(tmp_path):
+def test_image_folder(tmp_path, capsys):
     rng = np.random.default_rng(0)
     for label in ("cats", "dogs"):
         (tmp_path / label).mkdir()
-        for i in range(5):
+        for i in range(10):
             Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / label / f"{i}.png")
     loaded = data.load_image_folder(str(tmp_path), validation_fraction=0.2)
-    assert len(loaded["train"]) == 8 and len(loaded["validation"]) == 2
+    assert len(loaded["train"]) == 16 and len(loaded["validation"]) == 4
     assert loaded["train"].features["label"].names == ["cats", "dogs"]
+    # Local files: no "Downloading data" bar (datasets shows one above 16 files).
+    assert "Downloading data" not in capsys.readouterr().err

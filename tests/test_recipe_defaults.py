@@ -106,7 +106,7 @@ def test_help_shows_the_real_defaults(name, capsys, tmp_path, monkeypatch):
     # The example run folder in --output-dir's help is the one this recipe's defaults give.
     example = re.search(r"--output-dir OUTPUT_DIR .*? e\.g\. ([^\s):]+)", text)[1]
     monkeypatch.chdir(tmp_path)
-    arguments = []
+    arguments = ["--fashion-mnist-dir", str(tmp_path)] if name == "train_vit" else []  # (none needed to parse)
     if name == "finetune_lora":  # the help's example: --base path/to/gpt2 --data corpus.txt
         assert "--base path/to/gpt2 --data corpus.txt" in text
         (tmp_path / "path" / "to" / "gpt2").mkdir(parents=True)
@@ -227,3 +227,12 @@ def test_report_to_reaches_the_trainer_and_the_accelerate_loop(tmp_path, corpus,
     assert tracker.logging_dir == str(output / "runs") and tracker.config["max_steps"] == 2
     assert [step for step, values in tracker.logs if "loss" in values] == [1, 2]
     assert [step for step, values in tracker.logs if "eval_bits_per_byte" in values] == [2]
+
+
+def test_train_vit_without_fashion_mnist_says_how_to_get_it_while_parsing(tmp_path, capsys):
+    with pytest.raises(SystemExit) as refused:
+        load_recipe("train_vit").parse_args(["--fashion-mnist-dir", str(tmp_path / "missing"),
+                                             "--output-dir", str(tmp_path / "run")])  # fmt: skip
+    error = capsys.readouterr().err
+    assert refused.value.code == 2
+    assert "apt-get install dataset-fashion-mnist" in error and "--fashion-mnist-dir" in error

@@ -99,13 +99,14 @@ def test_train_gpt2_learns_saves_and_resumes_at_the_saved_step(tmp_path, corpus)
         assert after_resume[step] == pytest.approx(uninterrupted[step], rel=1e-5)
 
 
-def test_train_gpt2_bpe_and_metric_options_reach_the_model(tmp_path, corpus):
+def test_train_gpt2_bpe_and_metric_options_reach_the_model(tmp_path, corpus, capsys):
     result = load_recipe("train_gpt2").main([
         "--data", corpus, *TINY_GPT2_ARGS, "--max-steps", "2", "--output-dir", str(tmp_path),
         "--tokenizer", "bpe", "--bpe-vocab-size", "300", "--metric-context", "query", "--metric-mask", "diagonal",
         "--metric-sharing", "layer", "--cross-head-variant", "damcha", "--attn", "eager", "--n-layer", "2",
     ])  # fmt: skip
     assert result["global_step"] == 2
+    assert "training a byte-level BPE tokenizer (300 tokens)" in capsys.readouterr().out  # said, not a silent wait
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "final")
     assert len(tokenizer) == model.config.vocab_size <= 300

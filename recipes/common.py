@@ -652,7 +652,13 @@ def image_datasets(args: argparse.Namespace):
     from damcha_hf.data import load_fashion_mnist, load_image_folder
 
     if args.data == "fashion-mnist":
-        train = load_fashion_mnist(args.fashion_mnist_dir, "train", max_samples=args.max_train_samples)
+        train_images = args.max_train_samples
+        if train_images is None:  # only what the run needs, as the text recipes read only the text they need
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+            train_images = 2 * args.max_steps * args.batch_size * args.gradient_accumulation_steps * world_size
+            print(f"reading at most {train_images:,} Fashion-MNIST training images (twice what {args.max_steps} steps "
+                  "need; --max-train-samples sets it)", flush=True)  # fmt: skip
+        train = load_fashion_mnist(args.fashion_mnist_dir, "train", max_samples=train_images)
         validation = load_fashion_mnist(args.fashion_mnist_dir, "test", max_samples=args.max_eval_samples)
         import datasets
 

@@ -236,3 +236,28 @@ def test_train_vit_without_fashion_mnist_says_how_to_get_it_while_parsing(tmp_pa
     error = capsys.readouterr().err
     assert refused.value.code == 2
     assert "apt-get install dataset-fashion-mnist" in error and "--fashion-mnist-dir" in error
+
+
+def test_a_quick_vit_run_reads_only_the_fashion_mnist_images_it_needs(tmp_path, capsys):
+    """5 steps of 4 images need a few images, not the whole training set (60,000 images took 10 s to read)."""
+    import gzip
+    import struct
+
+    def write_idx(path, array):
+        header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+        with gzip.open(path, "wb") as handle:
+            handle.write(header + array.astype(np.uint8).tobytes())
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "fashion-mnist"
+    folder.mkdir()
+    for prefix, count in (("train", 500), ("t10k", 20)):
+        write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (count, 28, 28)))
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", rng.integers(0, 10, count))
+    vit = ["--fashion-mnist-dir", str(folder), "--hidden-size", "16", "--num-layers", "1", "--num-heads", "2",
+           "--patch-size", "7", "--batch-size", "4", "--num-threads", "1", "--max-steps", "5"]  # fmt: skip
+    load_recipe("train_vit").main([*vit, "--output-dir", str(tmp_path / "quick")])
+    printed = capsys.readouterr().out
+    assert "reading at most 40 Fashion-MNIST training images" in printed and "40 training and 20 validation" in printed
+    load_recipe("train_vit").main([*vit, "--max-train-samples", "300", "--output-dir", str(tmp_path / "given")])
+    assert "300 training and 20 validation" in capsys.readouterr().out

@@ -141,7 +141,16 @@ def test_info_names_the_saved_class_and_never_waits_for_the_network(tmp_path, ca
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["info", "gpt2"])
     assert exit_info.value.code == 2 and time.perf_counter() - started < 30  # no network wait
-    assert "offline" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "offline" in error and "(gpt2-small, tinyllama, vit-small)" in error
+    # Only the families' presets count as presets (words of their descriptions once did: `info GQA` went to the Hub).
+    from damcha_hf.commands.info import PRESETS
+    from damcha_hf.families import presets
+
+    assert set(PRESETS) == set(presets())
+    for word in ("GQA", "224px"):
+        with pytest.raises(SystemExit):
+            cli_main(["info", word])
 
 
 def test_accelerate_recipe_keeps_save_total_limit_checkpoints_quietly_with_a_progress_bar(tmp_path, corpus):

@@ -4,11 +4,13 @@ import argparse
 import os
 
 # The presets every family declares (`DamchaFamily.presets`), listed here without importing torch for `--help`.
-PRESET_HELP = (
-    "gpt2-small (default), tinyllama (TinyLlama-1.1B, GQA 32/4 heads), vit-small (ViT-S/16, 224px, 1000 classes)"
-)
-
-PRESETS = tuple(name.split(" ")[0] for name in PRESET_HELP.split(", "))
+PRESET_DESCRIPTIONS = {
+    "gpt2-small": "(default)",
+    "tinyllama": "(TinyLlama-1.1B, GQA 32/4 heads)",
+    "vit-small": "(ViT-S/16, 224px, 1000 classes)",
+}
+PRESETS = tuple(PRESET_DESCRIPTIONS)
+PRESET_HELP = ", ".join(f"{name} {description}" for name, description in PRESET_DESCRIPTIONS.items())
 
 
 def model_argument(text: str) -> str:

@@ -89,7 +89,8 @@ def test_demo_tiny_run_writes_a_loadable_checkpoint(tmp_path, capsys, monkeypatc
         row = next(line for line in comparison.splitlines() if line.startswith(f"| {label}"))
         assert f"{report['results'][name]['eval_bits_per_byte']:.4f}" in row
     assert "demo's training loop" in body and "`Trainer` log history" not in body
-    assert "pip install damcha-hf" not in card
+    assert "pip install damcha-hf" not in card  # no index serves it: the card says how to install it instead
+    assert "not on PyPI: in a clone of its repository, `pip install -e .`" in card
     assert "not expected to read as code" in body and "does not read as code" in printed
     # The card's loss curve draws both models' training losses, each as logged.
     assert curves["damcha-demo: training loss"] == pytest.approx(damcha_log)

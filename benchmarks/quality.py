@@ -31,6 +31,7 @@ Examples:
     python benchmarks/quality.py                              # the full run (see docs/results.md)
     python benchmarks/quality.py --tasks lm --lm-steps 2000 --seeds 0 1 2 --prefix lm_long
     python benchmarks/quality.py --upcycle --lora --tasks lm --pretrain-steps 400 --continue-steps 200
+    python benchmarks/quality.py --lengths runs/lm_1000.json runs/lm_5000.json   # the same rows trained longer
 """
 
 from __future__ import annotations
@@ -144,6 +145,12 @@ def parse_args(argv=None):
     parser.add_argument(
         "--merge", metavar="JSON", nargs="+",
         help="combine earlier runs of the same settings but different seeds into <out-dir>/<prefix>.json (and figures)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--lengths", metavar="JSON", nargs="+",
+        help="compare earlier runs (or merges) of the same settings but different step counts: per training length, "
+        "MHA's test metric, its paired change from the previous length and each row's paired difference to MHA; "
+        "writes <out-dir>/<prefix>.json",
     )  # fmt: skip
     args = parser.parse_args(argv)
     preset_name = "tiny" if args.tiny else "quick" if args.quick else "full"
@@ -998,6 +1005,92 @@ def merge(paths: list[str], out_dir: str, prefix: str, overwrite: bool = False) 
     return report
 
 
+# The test metric of each task, by which training lengths are compared.
+LENGTH_METRIC = {"lm": "test_bpb", "vit": "test_top1"}
+
+
+def training_lengths(paths: list[str], out_dir: str, prefix: str, overwrite: bool = False) -> dict:
+    """Where the plateau is, and what training longer does to each gap: runs of the same settings but the task's step
+    count (each possibly a `--merge` of several seeds), compared on the seeds every run has.
+
+    A seed's runs share their starting weights and the order of their batches (a longer run sees the shorter run's
+    batches first), so MHA's change from one length to the next is paired by seed, as is every row's difference to
+    MHA at each length.
+    """
+    reports = []
+    for path in paths:
+        with open(path) as file:
+            reports.append(json.load(file))
+    ignored = RUN_SETTINGS_IGNORED | {"lm_steps", "vit_steps", "log_every", "merged_from", "finished"}
+    settings = [{k: v for k, v in r["args"].items() if k not in ignored} for r in reports]
+    for path, setting in zip(paths[1:], settings[1:]):
+        differing = sorted(k for k in set(setting) | set(settings[0]) if setting.get(k) != settings[0].get(k))
+        if differing:
+            raise ValueError(
+                f"--lengths: {path} differs from {paths[0]} in more than its steps: {', '.join(differing)}"
+            )
+    comparison = {}
+    for task, metric in LENGTH_METRIC.items():
+        if not all(task in r["results"] for r in reports):
+            continue
+        ordered = sorted(reports, key=lambda r: r["args"][f"{task}_steps"])
+        steps = [r["args"][f"{task}_steps"] for r in ordered]
+        if len(set(steps)) != len(steps):
+            raise ValueError(f"--lengths: two runs train {task} for the same number of steps ({steps})")
+        rows = [row for row in ordered[0]["results"][task] if all(row in r["results"][task] for r in ordered)]
+        if "MHA" not in rows:
+            raise ValueError(f"--lengths: every run needs an MHA row for {task}")
+        seeds = sorted(set.intersection(*({rec["seed"] for row in rows for rec in r["results"][task][row]}
+                                          for r in ordered)))  # fmt: skip
+        by_length = []
+        previous = None
+        for report, length in zip(ordered, steps):
+            values = {row: {rec["seed"]: rec[metric] for rec in report["results"][task][row] if rec["seed"] in seeds}
+                      for row in rows}  # fmt: skip
+            mha = values["MHA"]
+            entry = {"steps": length, "seeds": seeds, "mha": dict(zip(("mean", "std"), mean_std(list(mha.values()))))}
+            if previous is not None:
+                previous_length, previous_mha = previous
+                entry["mha_change"] = paired_statistics([mha[s] - previous_mha[s] for s in seeds])
+                entry["mha_change_per_doubling"] = entry["mha_change"]["mean"] / math.log2(length / previous_length)
+            entry["vs_mha"] = {row: paired_statistics([values[row][s] - mha[s] for s in seeds if s in values[row]])
+                               for row in rows if row != "MHA"}  # fmt: skip
+            by_length.append(entry)
+            previous = (length, mha)
+        comparison[task] = {"metric": metric, "rows": rows, "by_length": by_length}
+    if not comparison:
+        raise ValueError("--lengths: the runs share no task")
+    report = {"args": {"lengths": paths, "prefix": prefix}, "lengths": comparison,
+              "tables": length_tables(comparison)}  # fmt: skip
+    print(report["tables"])
+    json_path = os.path.join(out_dir, f"{prefix}.json")
+    refuse_to_overwrite(json_path, overwrite)
+    write_json_atomic(json_path, report)
+    print(f"wrote {json_path}")
+    return report
+
+
+def length_tables(comparison: dict) -> str:
+    out = []
+    for task, entry in comparison.items():
+        metric = entry["metric"]
+        label, scale, digits = METRIC_FORMAT[metric]
+        others = [row for row in entry["rows"] if row != "MHA"]
+        headers = ["steps", f"MHA {label}", "MHA change from the previous length (paired)", "per doubling of steps"]
+        headers += [f"{row} − MHA" for row in others]
+        rows = []
+        for length in entry["by_length"]:
+            mha = length["mha"]
+            rows.append([str(length["steps"]), f"{scale * mha['mean']:.{digits}f} ± {scale * mha['std']:.{digits}f}",
+                         fmt_paired(length.get("mha_change"), scale, digits),
+                         f"{scale * length['mha_change_per_doubling']:+.{digits}f}" if "mha_change" in length else "-"]
+                        + [fmt_paired(length["vs_mha"][row], scale, digits) for row in others])  # fmt: skip
+        seeds = entry["by_length"][0]["seeds"]
+        out.append(f"### {task}: {label} by training length (paired over seeds {seeds}: mean ± SE [95% t] "
+                   f"(agree/n))\n\n" + format_table(headers, rows))  # fmt: skip
+    return "\n\n".join(out)
+
+
 def refuse_to_overwrite(json_path: str, overwrite: bool) -> None:
     if os.path.exists(json_path) and not overwrite:
         raise SystemExit(
@@ -1011,6 +1104,8 @@ def main(argv=None):
         return replot(args.replot, args.out_dir)
     if args.merge:
         return merge(args.merge, args.out_dir, args.prefix, args.overwrite)
+    if args.lengths:
+        return training_lengths(args.lengths, args.out_dir, args.prefix, args.overwrite)
     json_path = os.path.join(args.out_dir, f"{args.prefix}.json")
     refuse_to_overwrite(json_path, args.overwrite)
     device, machine = set_up_device(args.device, args.threads)

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -357,6 +358,39 @@ def test_quality_merge_pools_seeds_and_refuses_duplicates(tmp_path):
         quality.main(
             ["--merge", str(tmp_path / "first.json"), str(tmp_path / "first.json"), "--out-dir", str(tmp_path)]
         )
+
+
+def test_quality_lengths_pairs_each_training_length_by_seed(tmp_path):
+    """--lengths against hand-made runs: the lengths sorted by steps, MHA's change paired by seed (and per doubling of
+    the steps), each row's paired difference to MHA, only the seeds and rows every run has; other settings refused."""
+
+    def run(steps, values, path):
+        results = {"lm": {row: [{"seed": seed, "test_bpb": value} for seed, value in per_seed.items()]
+                          for row, per_seed in values.items()}}  # fmt: skip
+        args = {"lm_steps": steps, "lm_width": 64, "seeds": sorted(values["MHA"]), "prefix": path.stem}
+        path.write_text(json.dumps({"args": args, "results": results}))
+        return str(path)
+
+    long = run(4000, {"MHA": {0: 2.0, 1: 2.2, 2: 9.0}, "DAMCHA token": {0: 1.9, 1: 2.15}}, tmp_path / "long.json")
+    short = run(1000, {"MHA": {0: 2.4, 1: 2.8}, "DAMCHA token": {0: 2.3, 1: 2.75}, "DCMHA": {0: 2.4, 1: 2.8}},
+                tmp_path / "short.json")  # fmt: skip
+    report = quality.main(["--lengths", long, short, "--out-dir", str(tmp_path), "--prefix", "lengths"])
+    entry = report["lengths"]["lm"]
+    assert entry["rows"] == ["MHA", "DAMCHA token"]
+    first, second = entry["by_length"]
+    assert (first["steps"], second["steps"]) == (1000, 4000) and second["seeds"] == [0, 1]
+    assert first["mha"]["mean"] == pytest.approx(2.6) and second["mha"]["mean"] == pytest.approx(2.1)
+    assert second["mha_change"]["per_seed"] == pytest.approx([-0.4, -0.6])
+    assert second["mha_change_per_doubling"] == pytest.approx(-0.5 / 2)  # 1000 -> 4000 is two doublings
+    assert first["vs_mha"]["DAMCHA token"]["per_seed"] == pytest.approx([-0.1, -0.05])
+    assert second["vs_mha"]["DAMCHA token"]["per_seed"] == pytest.approx([-0.1, -0.05])
+    assert "| 4000" in report["tables"] and (tmp_path / "lengths.json").exists()
+    other = run(2000, {"MHA": {0: 2.1}}, tmp_path / "other.json")
+    data = json.loads(Path(other).read_text())
+    data["args"]["lm_width"] = 32
+    Path(other).write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="lm_width"):
+        quality.main(["--lengths", long, other, "--out-dir", str(tmp_path), "--prefix", "refused"])
 
 
 def test_parameter_matched_mha_has_damchas_parameter_count():

@@ -1022,17 +1022,20 @@ def training_lengths(paths: list[str], out_dir: str, prefix: str, overwrite: boo
         with open(path) as file:
             reports.append(json.load(file))
     ignored = RUN_SETTINGS_IGNORED | {"lm_steps", "vit_steps", "log_every", "merged_from", "finished"}
-    settings = [{k: v for k, v in r["args"].items() if k not in ignored} for r in reports]
-    for path, setting in zip(paths[1:], settings[1:]):
-        differing = sorted(k for k in set(setting) | set(settings[0]) if setting.get(k) != settings[0].get(k))
-        if differing:
-            raise ValueError(
-                f"--lengths: {path} differs from {paths[0]} in more than its steps: {', '.join(differing)}"
-            )
     comparison = {}
     for task, metric in LENGTH_METRIC.items():
         if not all(task in r["results"] for r in reports):
             continue
+        # The settings of this task and the shared ones; the other task's (`vit_*` for "lm") do not bear on it.
+        other_tasks = tuple(f"{other}_" for other in LENGTH_METRIC if other != task)
+        settings = [{k: v for k, v in r["args"].items() if k not in ignored and not k.startswith(other_tasks)}
+                    for r in reports]  # fmt: skip
+        for path, setting in zip(paths[1:], settings[1:]):
+            differing = sorted(k for k in set(setting) | set(settings[0]) if setting.get(k) != settings[0].get(k))
+            if differing:
+                raise ValueError(
+                    f"--lengths: {path} differs from {paths[0]} in more than its steps: {', '.join(differing)}"
+                )
         ordered = sorted(reports, key=lambda r: r["args"][f"{task}_steps"])
         steps = [r["args"][f"{task}_steps"] for r in ordered]
         if len(set(steps)) != len(steps):

@@ -362,12 +362,14 @@ def test_quality_merge_pools_seeds_and_refuses_duplicates(tmp_path):
 
 def test_quality_lengths_pairs_each_training_length_by_seed(tmp_path):
     """--lengths against hand-made runs: the lengths sorted by steps, MHA's change paired by seed (and per doubling of
-    the steps), each row's paired difference to MHA, only the seeds and rows every run has; other settings refused."""
+    the steps), each row's paired difference to MHA, only the seeds and rows every run has; other settings of the
+    task refused, the other task's ignored."""
 
     def run(steps, values, path):
         results = {"lm": {row: [{"seed": seed, "test_bpb": value} for seed, value in per_seed.items()]
                           for row, per_seed in values.items()}}  # fmt: skip
-        args = {"lm_steps": steps, "lm_width": 64, "seeds": sorted(values["MHA"]), "prefix": path.stem}
+        args = {"lm_steps": steps, "lm_width": 64, "vit_test_images": steps, "seeds": sorted(values["MHA"]),
+                "prefix": path.stem}  # fmt: skip
         path.write_text(json.dumps({"args": args, "results": results}))
         return str(path)
 

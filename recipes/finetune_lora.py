@@ -272,6 +272,11 @@ def adapter_card(args, family, trainable: list[str], base_reference: str) -> str
     """The adapter's README.md (PEFT's own is an empty template): what it holds and how to load it."""
     generator = "frozen" if args.freeze_generator else "trained in full (PEFT `modules_to_save`)"
     base_id = args.base_model_id or BASE_PLACEHOLDER  # the snippets name a published base by its Hub id
+    # A pushed adapter is loaded by its Hub id: the push fills the placeholder with the repository as created
+    # (`namespace/name`, also for a bare --hub-model-id). A local one is loaded from wherever the reader put it.
+    from damcha_hf.hub import REPO_PLACEHOLDER
+
+    adapter_id = REPO_PLACEHOLDER if args.push_to_hub else ADAPTER_PLACEHOLDER
     base_line = [f"base_model: {args.base_model_id}"] if args.base_model_id else []
     lines = [
         "---", "library_name: peft", *base_line, "tags:", "- damcha", "- lora", f"- {family.model_type}", "---", "",
@@ -294,7 +299,7 @@ def adapter_card(args, family, trainable: list[str], base_reference: str) -> str
             "```python", "import damcha_hf  # registers the DAMCHA classes", "from peft import PeftModel",
             "from transformers import AutoModelForImageClassification", "",
             f'base = AutoModelForImageClassification.from_pretrained("{base_id}")',
-            f'model = PeftModel.from_pretrained(base, "{ADAPTER_PLACEHOLDER}")', "```", "",
+            f'model = PeftModel.from_pretrained(base, "{adapter_id}")', "```", "",
             f"`base_model_name_or_path` in `adapter_config.json` is {where}.",
         ]  # fmt: skip
         return "\n".join(lines) + "\n"
@@ -303,13 +308,13 @@ def adapter_card(args, family, trainable: list[str], base_reference: str) -> str
         "code, which `trust_remote_code=True` lets transformers run; read it first). `base_model_name_or_path` in "
         f"`adapter_config.json` is {where}; `AutoPeftModelForCausalLM` loads the base from there:", "",
         "```python", "from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer", "",
-        f'model = AutoPeftModelForCausalLM.from_pretrained("{ADAPTER_PLACEHOLDER}", trust_remote_code=True)',
-        f'tokenizer = AutoTokenizer.from_pretrained("{ADAPTER_PLACEHOLDER}", trust_remote_code=True)',
+        f'model = AutoPeftModelForCausalLM.from_pretrained("{adapter_id}", trust_remote_code=True)',
+        f'tokenizer = AutoTokenizer.from_pretrained("{adapter_id}", trust_remote_code=True)',
         "merged = model.merge_and_unload()  # a plain DAMCHA model", "```", "",
         "From any other folder, or with the base somewhere else, name the base yourself:", "",
         "```python", "from peft import PeftModel", "from transformers import AutoModelForCausalLM", "",
         f'base = AutoModelForCausalLM.from_pretrained("{base_id}", trust_remote_code=True)',
-        f'model = PeftModel.from_pretrained(base, "{ADAPTER_PLACEHOLDER}")', "```", "",
+        f'model = PeftModel.from_pretrained(base, "{adapter_id}")', "```", "",
         "With the plugin installed, `trust_remote_code` is not needed (`import damcha_hf` registers the classes).",
     ]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -558,6 +558,30 @@ def test_lora_recipe_push_needs_the_base_hub_id_before_training(tmp_path, capsys
     assert "--base-model-id" in capsys.readouterr().err
 
 
+def test_lora_recipe_push_names_the_pushed_repositories_in_the_adapter_card(tmp_path, fake_hub, online, monkeypatch):
+    """`finetune_lora.py --push-to-hub` pushes the base to --base-model-id, then the adapter; the pushed adapter card
+    loads the adapter by its repository as created (a bare --hub-model-id lands in the token owner's namespace), not
+    by a placeholder path, and its base by --base-model-id."""
+    from test_card_snippets import PYTHON_BLOCK, load_lora_recipe, train_lora_adapter
+
+    monkeypatch.setenv("HF_TOKEN", "hf_fake")
+    monkeypatch.chdir(tmp_path)
+    recipe = load_lora_recipe()
+    train_lora_adapter(recipe, tmp_path, "run", "--push-to-hub", "--base-model-id", "someone/damcha-base",
+                       "--hub-model-id", "my-adapter")  # fmt: skip
+    commits = [call[1] for call in fake_hub.calls if call[0] == "create_commit"]
+    assert commits == ["someone/damcha-base", f"{FakeHub.USER}/my-adapter"]
+    card = (fake_hub.root / FakeHub.USER / "my-adapter" / "main" / "README.md").read_text()
+    snippets = "\n".join(PYTHON_BLOCK.findall(card))
+    assert f'AutoPeftModelForCausalLM.from_pretrained("{FakeHub.USER}/my-adapter"' in snippets
+    assert f'PeftModel.from_pretrained(base, "{FakeHub.USER}/my-adapter")' in snippets
+    assert 'AutoModelForCausalLM.from_pretrained("someone/damcha-base"' in snippets
+    for placeholder in (recipe.ADAPTER_PLACEHOLDER, recipe.BASE_PLACEHOLDER, hub.REPO_PLACEHOLDER):
+        assert placeholder not in card
+    base_card = (fake_hub.root / "someone" / "damcha-base" / "main" / "README.md").read_text()
+    assert 'from_pretrained("someone/damcha-base"' in base_card and hub.REPO_PLACEHOLDER not in base_card
+
+
 def test_recipe_push_to_hub_goes_through_the_safe_push(tmp_path, fake_hub, online, monkeypatch, capsys):
     """`train_gpt2.py --push-to-hub` uploads the final model through `push_checkpoint` (its Hub files only, never the
     Trainer's checkpoints or state), to --hub-model-id or the --output-dir name; the card's loading snippets name the

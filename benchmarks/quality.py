@@ -584,21 +584,24 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def student_t_cdf(t: float, df: int) -> float:
-    """P(T <= t) for Student's t with `df` degrees of freedom (Simpson's rule on the density; no SciPy needed)."""
-    if df < 1:
-        raise ValueError(f"student_t_cdf: df must be at least 1, got {df}")
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def density(x):
-        return math.exp(log_norm - (df + 1) / 2 * math.log1p(x * x / df))
-
-    # substitute x = tan(u) so the heavy tails of small df are integrated on a finite, smooth range
-    upper, intervals = math.atan(abs(t)), 2000
-    width = upper / intervals
-    total = sum((1 if i in (0, intervals) else 4 if i % 2 else 2) * density(math.tan(i * width)) / math.cos(i * width) ** 2
-                for i in range(intervals + 1))  # fmt: skip
-    half = total * width / 3
-    return 0.5 + half if t >= 0 else 0.5 - half
+    """P(T <= t) for Student's t with a whole number `df` of degrees of freedom: the closed form as a finite series in
+    theta = atan(|t| / sqrt(df)) (Abramowitz and Stegun 26.7.3-4), exact and cheap; no SciPy needed."""
+    if df < 1 or df != int(df):
+        raise ValueError(f"student_t_cdf: df must be a whole number of at least 1, got {df}")
+    theta = math.atan(abs(t) / math.sqrt(df))
+    cos2 = math.cos(theta) ** 2
+    series, term = (0.0, 1.0) if df == 1 else (1.0, 1.0)
+    if df % 2:  # odd: (2/pi) (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...)), (df - 1) / 2 terms
+        for k in range(1, (int(df) - 1) // 2):
+            term *= 2 * k / (2 * k + 1) * cos2
+            series += term
+        within = 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * series)
+    else:  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...), df / 2 terms
+        for k in range(1, int(df) // 2):
+            term *= (2 * k - 1) / (2 * k) * cos2
+            series += term
+        within = math.sin(theta) * series
+    return 0.5 + within / 2 if t >= 0 else 0.5 - within / 2  # `within` = P(|T| <= |t|)
 
 
 def student_t_quantile(probability: float, df: int) -> float:

@@ -430,6 +430,16 @@ def test_student_t_quantile_matches_closed_forms(probability):
     assert quality.student_t_quantile(1 - probability, 2) == pytest.approx(-two, rel=1e-6)
 
 
+@pytest.mark.parametrize(("probability", "df", "tabulated"),
+                         [(0.975, 5, 2.570582), (0.975, 6, 2.446912), (0.975, 9, 2.262157), (0.975, 30, 2.042272),
+                          (0.995, 7, 3.499483), (0.9, 11, 1.363430)])  # fmt: skip
+def test_student_t_quantile_matches_tables_for_more_degrees_of_freedom(probability, df, tabulated):
+    """Both branches of the closed-form CDF (odd and even df) past the cases with elementary quantiles."""
+    assert quality.student_t_quantile(probability, df) == pytest.approx(tabulated, abs=2e-6)
+    assert quality.student_t_cdf(tabulated, df) == pytest.approx(probability, abs=1e-6)
+    assert quality.student_t_cdf(-tabulated, df) == pytest.approx(1 - probability, abs=1e-6)
+
+
 def test_paired_statistics_and_verdicts():
     differences = [-0.01, -0.03, -0.02, 0.01]
     stats = quality.paired_statistics(differences)

@@ -132,13 +132,15 @@ def gpt2_rows(
     variants: bool = True,
     attn_implementation: str = "sdpa",
     parameter_matched_mha: bool = False,
+    dcmha_matched_mha: bool = False,
 ) -> list[Row]:
     """MHA (vanilla `GPT2LMHeadModel`), DAMCHA per `metric_context`, and the baseline variants when available.
 
     Every model built for the same `seed` starts from the same GPT-2 weights; DAMCHA's metric generator starts at
     zero (its input layer from a seeded normal), so at step 0 every row computes the same function.
     `parameter_matched_mha` adds "MHA +params": vanilla GPT-2 whose MLPs are widened until it has as many parameters
-    as DAMCHA (to the nearest MLP unit), the control for DAMCHA's extra generator parameters.
+    as DAMCHA (to the nearest MLP unit), the control for DAMCHA's extra generator parameters; `dcmha_matched_mha` adds
+    "MHA +DCMHA params", widened to DCMHA's count, the control for its per-layer dynamic projections.
     """
 
     def mha(implementation=attn_implementation):
@@ -159,7 +161,13 @@ def gpt2_rows(
 
     rows = [Row("MHA", mha, "mha")]
     if parameter_matched_mha:
-        rows.append(Row("MHA +params", _parameter_matched_gpt2(config_kwargs, metric_hidden_size, seed), "mha"))
+        width, heads = config_kwargs["n_embd"], config_kwargs["n_head"]
+        generator = width * metric_hidden_size + metric_hidden_size + metric_hidden_size * heads**2 + heads**2
+        rows.append(Row("MHA +params", _parameter_matched_gpt2(config_kwargs, generator, seed), "mha"))
+    if dcmha_matched_mha:
+        dcmha = count_parameters(damcha_hf.convert_to_damcha(mha(), cross_head_variant="dcmha"))
+        extra = dcmha - count_parameters(mha())
+        rows.append(Row("MHA +DCMHA params", _parameter_matched_gpt2(config_kwargs, extra, seed), "mha"))
     rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
     if variants:
         rows += _variant_rows(OTHER_CROSS_HEAD_VARIANTS, mha, damcha, "token")
@@ -194,11 +202,11 @@ def llama_rows(
     ]
 
 
-def _parameter_matched_gpt2(config_kwargs: dict, metric_hidden_size: int, seed: int):
-    width, layers, heads = config_kwargs["n_embd"], config_kwargs["n_layer"], config_kwargs["n_head"]
-    generator = width * metric_hidden_size + metric_hidden_size + metric_hidden_size * heads**2 + heads**2
+def _parameter_matched_gpt2(config_kwargs: dict, extra_parameters: int, seed: int):
+    """Vanilla GPT-2 with its MLPs widened by as many units as hold `extra_parameters` (to the nearest unit)."""
+    width, layers = config_kwargs["n_embd"], config_kwargs["n_layer"]
     per_unit = layers * (2 * width + 1)  # one more MLP unit: a column of c_fc (+ bias) and a row of c_proj, per layer
-    inner = 4 * width + round(generator / per_unit)
+    inner = 4 * width + round(extra_parameters / per_unit)
 
     def build():
         torch.manual_seed(seed)

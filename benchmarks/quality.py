@@ -140,6 +140,10 @@ def parse_args(argv=None):
         "--parameter-matched-mha", action="store_true",
         help='add the LM row "MHA +params": GPT-2 with MLPs widened to DAMCHA\'s parameter count (control)',
     )  # fmt: skip
+    parser.add_argument(
+        "--dcmha-matched-mha", action="store_true",
+        help='add the LM row "MHA +DCMHA params": GPT-2 with MLPs widened to DCMHA\'s parameter count (control)',
+    )  # fmt: skip
     parser.add_argument("--rows", nargs="+", help='run only these rows (e.g. "MHA +params"); default: all')
     parser.add_argument("--replot", metavar="JSON", help="only redraw the tables and figures of an earlier run's JSON")
     parser.add_argument(
@@ -409,7 +413,8 @@ def lm_task(args, device) -> Task:
 
     def rows(seed):
         built = gpt2_rows(kwargs, contexts=("token", "query"), metric_hidden_size=args.metric_hidden_size, seed=seed,
-                          variants=False, parameter_matched_mha=args.parameter_matched_mha)  # fmt: skip
+                          variants=False, parameter_matched_mha=args.parameter_matched_mha,
+                          dcmha_matched_mha=args.dcmha_matched_mha)  # fmt: skip
         if not args.no_baselines:
             built += baseline_rows(built[0], seed)
         return built
@@ -666,12 +671,19 @@ def step_time_ratio(task_results: dict, row: str, reference: str) -> float | Non
     return sum(ratios) / len(ratios) if ratios else None
 
 
+# Capacity controls: vanilla MHA widened to a method's parameter count, and the rows each one is the control for.
+CAPACITY_CONTROLS = {"MHA +params": "DAMCHA ", "MHA +DCMHA params": "DCMHA"}
+
+
 def comparison_pairs(rows: list[str]) -> list[tuple[str, str]]:
-    """Every row against MHA, and every baseline against every DAMCHA row (DAMCHA - baseline)."""
+    """Every row against MHA, every baseline against every DAMCHA row (DAMCHA - baseline), and each method against
+    the MHA widened to its parameter count, when that control ran."""
     damcha = [r for r in rows if r.startswith("DAMCHA") or r.startswith("LoRA DAMCHA")]
     baselines = [r for r in rows if r in BASELINE_VARIANTS.values()]
     pairs = [(r, "MHA") for r in rows if r != "MHA" and "MHA" in rows and not r.startswith("LoRA")]
     pairs += [(d, b) for d in damcha for b in baselines]
+    pairs += [(r, control) for control, prefix in CAPACITY_CONTROLS.items() if control in rows
+              for r in rows if r.startswith(prefix)]  # fmt: skip
     if "LoRA MHA" in rows:
         pairs += [(r, "LoRA MHA") for r in rows if r.startswith("LoRA DAMCHA")]
     return pairs
@@ -964,7 +976,7 @@ TASK_METRICS = {
 }
 RUN_SETTINGS_IGNORED = {
     "seeds", "tasks", "prefix", "out_dir", "threads", "merge", "replot", "no_plots", "device", "rows",
-    "parameter_matched_mha", "overwrite", "no_baselines",
+    "parameter_matched_mha", "dcmha_matched_mha", "overwrite", "no_baselines",
 }  # fmt: skip
 
 

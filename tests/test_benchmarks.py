@@ -406,6 +406,26 @@ def test_parameter_matched_mha_has_damchas_parameter_count():
     assert bench_common.count_parameters(rows["MHA"].build()) < damcha - one_mlp_unit
 
 
+def test_dcmha_matched_mha_has_dcmhas_parameter_count_and_is_its_control():
+    """"MHA +DCMHA params" is vanilla GPT-2 with DCMHA's parameter count (to half an MLP unit), and the quality report
+    compares DCMHA with it (and DAMCHA with "MHA +params")."""
+    from damcha_hf import convert_to_damcha
+
+    kwargs = bench_common.gpt2_config_kwargs(2, 32, 4, 16, vocab=50)
+    rows = {r.name: r for r in bench_common.gpt2_rows(kwargs, metric_hidden_size=8, dcmha_matched_mha=True)}
+    matched = rows["MHA +DCMHA params"].build()
+    dcmha = bench_common.count_parameters(convert_to_damcha(rows["MHA"].build(), cross_head_variant="dcmha"))
+    one_mlp_unit = 2 * (2 * 32 + 1)
+    assert type(matched).__name__ == "GPT2LMHeadModel"
+    assert abs(bench_common.count_parameters(matched) - dcmha) <= one_mlp_unit / 2
+    assert bench_common.count_parameters(rows["MHA"].build()) < dcmha - one_mlp_unit
+    assert "MHA +params" not in rows
+    pairs = quality.comparison_pairs(["MHA", "MHA +params", "MHA +DCMHA params", "DAMCHA token", "DCMHA"])
+    assert ("DCMHA", "MHA +DCMHA params") in pairs and ("DAMCHA token", "MHA +params") in pairs
+    assert ("DAMCHA token", "MHA +DCMHA params") not in pairs and ("DCMHA", "MHA +params") not in pairs
+    assert ("MHA +DCMHA params", "MHA") in pairs and ("DAMCHA token", "DCMHA") in pairs
+
+
 def test_quality_writes_to_a_new_runs_folder_by_default():
     args = quality.parse_args(["--tiny"])
     runs = os.path.join(quality.REPOSITORY, "runs", "quality")

@@ -407,7 +407,7 @@ def test_parameter_matched_mha_has_damchas_parameter_count():
 
 
 def test_dcmha_matched_mha_has_dcmhas_parameter_count_and_is_its_control():
-    """"MHA +DCMHA params" is vanilla GPT-2 with DCMHA's parameter count (to half an MLP unit), and the quality report
+    """ "MHA +DCMHA params" is vanilla GPT-2 with DCMHA's parameter count (to half an MLP unit), and the quality report
     compares DCMHA with it (and DAMCHA with "MHA +params")."""
     from damcha_hf import convert_to_damcha
 

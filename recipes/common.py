@@ -679,9 +679,14 @@ def image_datasets(args: argparse.Namespace):
 
 
 def image_processor(image_size: int, channels: int):
-    from transformers import ViTImageProcessor
+    """The ViT image processor: the torchvision backend where torchvision is installed, else the PIL one, by name
+    (transformers falls back to it too, with a warning in every run). Both save as `ViTImageProcessor`."""
+    import transformers
+    from transformers.utils import is_torchvision_available
 
-    return ViTImageProcessor(
+    # By name: even looking up `ViTImageProcessor` without torchvision gives the warning.
+    processor_class = "ViTImageProcessor" if is_torchvision_available() else "ViTImageProcessorPil"
+    return getattr(transformers, processor_class)(
         size={"height": image_size, "width": image_size},
         image_mean=[0.5] * channels,
         image_std=[0.5] * channels,

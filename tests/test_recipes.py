@@ -405,3 +405,25 @@ def test_lora_upgrades_a_grouped_query_llama_and_merges_exactly(tmp_path, corpus
     ids = torch.tensor([list(b"the quick brown fox jumps over")])
     with torch.no_grad():
         torch.testing.assert_close(merged.eval()(ids).logits, peft_model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_vit_image_processor_warns_of_no_missing_torchvision_and_normalises_as_configured(tmp_path):
+    """The recipes' ViT image processor, made and reloaded in a fresh process (transformers warns once per process):
+    no "requires torchvision" warning where torchvision is missing, and pixels scaled to (x / 255 - 0.5) / 0.5."""
+    script = f"""
+import sys
+sys.path.insert(0, {str(RECIPES)!r})
+import numpy as np
+from PIL import Image
+from transformers import AutoImageProcessor
+import common
+common.image_processor(4, 1).save_pretrained({str(tmp_path)!r})
+processor = AutoImageProcessor.from_pretrained({str(tmp_path)!r})
+image = Image.fromarray(np.arange(16, dtype=np.uint8).reshape(4, 4) * 16, mode="L")
+np.save({str(tmp_path / "pixels.npy")!r}, np.asarray(processor(image, return_tensors="np")["pixel_values"]))
+"""
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert "torchvision" not in completed.stdout + completed.stderr
+    expected = (np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4) * 16 / 255 - 0.5) / 0.5
+    np.testing.assert_allclose(np.load(tmp_path / "pixels.npy"), expected, rtol=1e-6, atol=1e-6)

@@ -903,7 +903,7 @@ def plot(report: dict, results: dict, out_dir: str, prefix: str) -> list[str]:
 
     paths = []
     tasks = [t for t in ("lm", "vit") if t in results]
-    figure, axes = plt.subplots(2, len(tasks), figsize=(6 * len(tasks), 7.5), squeeze=False)
+    figure, axes = plt.subplots(2, len(tasks), figsize=(6 * len(tasks), 7.5), squeeze=False, layout="constrained")
     for column, task in enumerate(tasks):
         unit = math.log(2) if task == "lm" else 1.0  # bits per byte for the LM, nats for the classifier
         name = "Byte-level LM (GCIDE)" if task == "lm" else "ViT on Fashion-MNIST"

@@ -159,15 +159,21 @@ def gpt2_rows(
 
         return build
 
+    def matched_mha(method):  # vanilla GPT-2 with `method`'s parameter count
+        extra = count_parameters(method()) - count_parameters(mha())
+        return _parameter_matched_gpt2(config_kwargs, extra, seed)
+
     rows = [Row("MHA", mha, "mha")]
     if parameter_matched_mha:
-        width, heads = config_kwargs["n_embd"], config_kwargs["n_head"]
-        generator = width * metric_hidden_size + metric_hidden_size + metric_hidden_size * heads**2 + heads**2
-        rows.append(Row("MHA +params", _parameter_matched_gpt2(config_kwargs, generator, seed), "mha"))
+        rows.append(Row("MHA +params", matched_mha(damcha(metric_context="token")), "mha"))
     if dcmha_matched_mha:
-        dcmha = count_parameters(damcha_hf.convert_to_damcha(mha(), cross_head_variant="dcmha"))
-        extra = dcmha - count_parameters(mha())
-        rows.append(Row("MHA +DCMHA params", _parameter_matched_gpt2(config_kwargs, extra, seed), "mha"))
+        rows.append(
+            Row(
+                "MHA +DCMHA params",
+                matched_mha(lambda: damcha_hf.convert_to_damcha(mha(), cross_head_variant="dcmha")),
+                "mha",
+            )
+        )
     rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
     if variants:
         rows += _variant_rows(OTHER_CROSS_HEAD_VARIANTS, mha, damcha, "token")

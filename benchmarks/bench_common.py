@@ -159,21 +159,15 @@ def gpt2_rows(
 
         return build
 
-    def matched_mha(method):  # vanilla GPT-2 with `method`'s parameter count
-        extra = count_parameters(method()) - count_parameters(mha())
-        return _parameter_matched_gpt2(config_kwargs, extra, seed)
+    def widened(inner):
+        torch.manual_seed(seed)
+        return GPT2LMHeadModel(GPT2Config(**config_kwargs, n_inner=inner, attn_implementation="sdpa")).train()
 
     rows = [Row("MHA", mha, "mha")]
-    if parameter_matched_mha:
-        rows.append(Row("MHA +params", matched_mha(damcha(metric_context="token")), "mha"))
-    if dcmha_matched_mha:
-        rows.append(
-            Row(
-                "MHA +DCMHA params",
-                matched_mha(lambda: damcha_hf.convert_to_damcha(mha(), cross_head_variant="dcmha")),
-                "mha",
-            )
-        )
+    rows += _capacity_controls(
+        mha, widened, 4 * config_kwargs["n_embd"], damcha(metric_context="token"),
+        parameter_matched_mha=parameter_matched_mha, dcmha_matched_mha=dcmha_matched_mha,
+    )  # fmt: skip
     rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
     if variants:
         rows += _variant_rows(OTHER_CROSS_HEAD_VARIANTS, mha, damcha, "token")
@@ -208,17 +202,27 @@ def llama_rows(
     ]
 
 
-def _parameter_matched_gpt2(config_kwargs: dict, extra_parameters: int, seed: int):
-    """Vanilla GPT-2 with its MLPs widened by as many units as hold `extra_parameters` (to the nearest unit)."""
-    width, layers = config_kwargs["n_embd"], config_kwargs["n_layer"]
-    per_unit = layers * (2 * width + 1)  # one more MLP unit: a column of c_fc (+ bias) and a row of c_proj, per layer
-    inner = 4 * width + round(extra_parameters / per_unit)
+def _capacity_controls(mha, widened, mlp_width, method, *, parameter_matched_mha, dcmha_matched_mha) -> list[Row]:
+    """The capacity controls: vanilla MHA with its MLPs widened by as many units as hold a method's extra parameters
+    (to the nearest unit). "MHA +params" matches DAMCHA (`method`), "MHA +DCMHA params" the seed's MHA converted to
+    DCMHA. `widened(inner)` builds the vanilla model with MLP width `inner`; the count is taken from built models."""
 
-    def build():
-        torch.manual_seed(seed)
-        return GPT2LMHeadModel(GPT2Config(**config_kwargs, n_inner=inner, attn_implementation="sdpa")).train()
+    def matched(method_build):
+        def build():
+            reference = mha()
+            extra = count_parameters(method_build()) - count_parameters(reference)
+            per_unit = count_parameters(widened(mlp_width + 1)) - count_parameters(reference)  # one more MLP unit
+            return widened(mlp_width + round(extra / per_unit))
 
-    return build
+        return build
+
+    rows = []
+    if parameter_matched_mha:
+        rows.append(Row("MHA +params", matched(method), "mha"))
+    if dcmha_matched_mha:
+        dcmha = lambda: damcha_hf.convert_to_damcha(mha(), cross_head_variant="dcmha")  # noqa: E731
+        rows.append(Row("MHA +DCMHA params", matched(dcmha), "mha"))
+    return rows
 
 
 def _variant_rows(variants, mha, damcha, context) -> list[Row]:
@@ -244,14 +248,15 @@ def vit_rows(
     seed: int = 0,
     variants: bool = True,
     attn_implementation: str = "sdpa",
+    parameter_matched_mha: bool = False,
+    dcmha_matched_mha: bool = False,
 ) -> list[Row]:
-    """MHA (vanilla `ViTForImageClassification`), and DAMCHA per context once `damcha_hf` has ViT."""
+    """MHA (vanilla `ViTForImageClassification`), DAMCHA per context, the baseline variants, and the capacity controls
+    of `gpt2_rows` (widened to DAMCHA `"sequence"`'s parameter count, and to DCMHA's)."""
 
     def mha(implementation=attn_implementation):
         torch.manual_seed(seed)
         return ViTForImageClassification(ViTConfig(**config_kwargs, attn_implementation=implementation)).train()
-
-    rows = [Row("MHA", mha, "mha")]
 
     def damcha(implementation=attn_implementation, **options):
         def build():
@@ -265,6 +270,16 @@ def vit_rows(
 
         return build
 
+    def widened(inner):
+        torch.manual_seed(seed)
+        config = ViTConfig(**{**config_kwargs, "intermediate_size": inner}, attn_implementation="sdpa")
+        return ViTForImageClassification(config).train()
+
+    rows = [Row("MHA", mha, "mha")]
+    rows += _capacity_controls(
+        mha, widened, config_kwargs["intermediate_size"], damcha(metric_context="sequence"),
+        parameter_matched_mha=parameter_matched_mha, dcmha_matched_mha=dcmha_matched_mha,
+    )  # fmt: skip
     rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
     if variants:
         rows += _variant_rows(OTHER_CROSS_HEAD_VARIANTS, mha, damcha, "sequence")

@@ -138,11 +138,11 @@ def parse_args(argv=None):
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument(
         "--parameter-matched-mha", action="store_true",
-        help='add the LM row "MHA +params": GPT-2 with MLPs widened to DAMCHA\'s parameter count (control)',
+        help='add the row "MHA +params": MHA with MLPs widened to DAMCHA\'s parameter count (control; LM and ViT)',
     )  # fmt: skip
     parser.add_argument(
         "--dcmha-matched-mha", action="store_true",
-        help='add the LM row "MHA +DCMHA params": GPT-2 with MLPs widened to DCMHA\'s parameter count (control)',
+        help='add the row "MHA +DCMHA params": MHA with MLPs widened to DCMHA\'s parameter count (control; LM and ViT)',
     )  # fmt: skip
     parser.add_argument("--rows", nargs="+", help='run only these rows (e.g. "MHA +params"); default: all')
     parser.add_argument("--replot", metavar="JSON", help="only redraw the tables and figures of an earlier run's JSON")
@@ -453,7 +453,8 @@ def vit_task(args, device) -> Task:
 
     def rows(seed):
         built = vit_rows(kwargs, contexts=("sequence", "token"), metric_hidden_size=args.metric_hidden_size, seed=seed,
-                         variants=False)  # fmt: skip
+                         variants=False, parameter_matched_mha=args.parameter_matched_mha,
+                         dcmha_matched_mha=args.dcmha_matched_mha)  # fmt: skip
         if not args.no_baselines:
             built += baseline_rows(built[0], seed)
         return built

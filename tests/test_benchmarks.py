@@ -426,6 +426,31 @@ def test_dcmha_matched_mha_has_dcmhas_parameter_count_and_is_its_control():
     assert ("MHA +DCMHA params", "MHA") in pairs and ("DAMCHA token", "DCMHA") in pairs
 
 
+def test_vit_capacity_controls_match_damcha_and_dcmha_parameter_counts(tmp_path):
+    """The ViT controls are vanilla ViTs whose MLPs are widened to DAMCHA "sequence"'s and DCMHA's parameter counts
+    (to half an MLP unit), and they train in the quality run when asked for."""
+    from damcha_hf import convert_to_damcha
+
+    kwargs = bench_common.vit_config_kwargs(8, 4, 1, 2, 32, 4, labels=3)
+    rows = bench_common.vit_rows(kwargs, metric_hidden_size=8, parameter_matched_mha=True, dcmha_matched_mha=True)
+    rows = {r.name: r for r in rows}
+    one_mlp_unit = 2 * (2 * 32 + 1)
+    mha = bench_common.count_parameters(rows["MHA"].build())
+    damcha = bench_common.count_parameters(rows["DAMCHA sequence"].build())
+    dcmha = bench_common.count_parameters(convert_to_damcha(rows["MHA"].build(), cross_head_variant="dcmha"))
+    for control, target in (("MHA +params", damcha), ("MHA +DCMHA params", dcmha)):
+        model = rows[control].build()
+        assert type(model).__name__ == "ViTForImageClassification"
+        assert abs(bench_common.count_parameters(model) - target) <= one_mlp_unit / 2
+        assert mha < target - one_mlp_unit
+    assert "MHA +params" not in {r.name for r in bench_common.vit_rows(kwargs, metric_hidden_size=8)}
+    flags = ["--tiny", "--synthetic", "--threads", "1", "--tasks", "vit", "--no-plots", "--out-dir", str(tmp_path)]
+    report = quality.main([*flags, "--parameter-matched-mha", "--dcmha-matched-mha", "--rows", "MHA", "DCMHA",
+                           "MHA +params", "MHA +DCMHA params", "DAMCHA sequence"])  # fmt: skip
+    pairs = {(c["row"], c["reference"]) for c in report["comparisons"]["vit"]}
+    assert {("DCMHA", "MHA +DCMHA params"), ("DAMCHA sequence", "MHA +params"), ("MHA +params", "MHA")} <= pairs
+
+
 def test_quality_writes_to_a_new_runs_folder_by_default():
     args = quality.parse_args(["--tiny"])
     runs = os.path.join(quality.REPOSITORY, "runs", "quality")

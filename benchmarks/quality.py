@@ -266,6 +266,9 @@ def learning_rate(step: int, total: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+PROGRESS_SECONDS = 60.0
+
+
 def train(model, next_batch, steps: int, peak_lr: float, log_every: int, label: str):
     """Plain AdamW loop; returns the loss curve [(step, mean loss over the last `log_every` steps)]."""
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "wte" not in n and "wpe" not in n]
@@ -276,6 +279,7 @@ def train(model, next_batch, steps: int, peak_lr: float, log_every: int, label: 
     )  # fmt: skip
     model.train()
     curve, window, started = [], [], time.time()
+    reported = started  # a progress line at most once a PROGRESS_SECONDS, so long rows show they are alive
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, steps, peak_lr)
@@ -290,6 +294,11 @@ def train(model, next_batch, steps: int, peak_lr: float, log_every: int, label: 
         if (step + 1) % log_every == 0 or step + 1 == steps:
             curve.append((step + 1, sum(window) / len(window)))
             window = []
+            now = time.time()
+            if now - reported >= PROGRESS_SECONDS and step + 1 < steps:
+                reported, per_step = now, (now - started) / (step + 1)
+                print(f"  {label}: step {step + 1}/{steps}, train loss {curve[-1][1]:.4f}, {1000 * per_step:.0f} "
+                      f"ms/step, about {per_step * (steps - step - 1) / 60:.0f} min left", flush=True)  # fmt: skip
     print(f"  {label}: {steps} steps in {time.time() - started:.0f}s, final train loss {curve[-1][1]:.4f}", flush=True)
     return curve
 

@@ -574,3 +574,26 @@ def test_gap_over_training_pairs_the_curves_by_seed():
     assert gaps[0]["per_seed"] == pytest.approx([-0.1, 0.0])  # (1.8 - 2.0) / 2 for seed 1, (2.0 - 2.0) / 2 for seed 0
     assert gaps[1]["per_seed"] == pytest.approx([-0.2, -0.1])
     assert gaps[1]["mean"] == pytest.approx(-0.15) and gaps[1]["agree_in_sign"] == 2
+
+
+def test_quality_training_reports_progress_on_long_rows(monkeypatch, capsys):
+    """A row longer than PROGRESS_SECONDS prints where it is (step, loss, time left) at logging steps; a short one
+    prints only its closing line. The curve itself does not depend on the printing."""
+
+    class Quadratic(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(2, 2))
+
+        def forward(self, x):
+            return SimpleNamespace(loss=((self.weight @ x) ** 2).mean())
+
+    batch = {"x": torch.ones(2, 1)}
+    quiet = quality.train(Quadratic(), lambda step: batch, 12, 0.01, 4, "quiet")
+    assert capsys.readouterr().out.count("quiet") == 1
+    monkeypatch.setattr(quality, "PROGRESS_SECONDS", 0.0)
+    loud = quality.train(Quadratic(), lambda step: batch, 12, 0.01, 4, "loud")
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(",")[0] for line in lines[:-1]] == ["  loud: step 4/12", "  loud: step 8/12"]
+    assert "min left" in lines[0] and lines[-1].startswith("  loud: 12 steps in")
+    assert loud == quiet and [step for step, _ in loud] == [4, 8, 12]

@@ -990,8 +990,9 @@ RUN_SETTINGS_IGNORED = {
 }  # fmt: skip
 
 
-def merge(paths: list[str], out_dir: str, prefix: str, overwrite: bool = False) -> dict:
-    """One report from several runs that differ only in their seeds (and tasks): the seeds' records are pooled."""
+def merge(paths: list[str], out_dir: str, prefix: str, overwrite: bool = False, plots: bool = True) -> dict:
+    """One report from several runs that differ only in their seeds (and tasks): the seeds' records are pooled.
+    Its figures are drawn unless `plots` is false (`--no-plots`)."""
     reports = []
     for path in paths:
         with open(path) as file:
@@ -1026,7 +1027,7 @@ def merge(paths: list[str], out_dir: str, prefix: str, overwrite: bool = False) 
     json_path = os.path.join(out_dir, f"{prefix}.json")
     refuse_to_overwrite(json_path, overwrite)
     write_json_atomic(json_path, report)
-    print("wrote " + ", ".join([json_path] + plot(report, results, out_dir, prefix)))
+    print("wrote " + ", ".join([json_path] + (plot(report, results, out_dir, prefix) if plots else [])))
     return report
 
 
@@ -1131,7 +1132,7 @@ def main(argv=None):
     if args.replot:
         return replot(args.replot, args.out_dir)
     if args.merge:
-        return merge(args.merge, args.out_dir, args.prefix, args.overwrite)
+        return merge(args.merge, args.out_dir, args.prefix, args.overwrite, plots=not args.no_plots)
     if args.lengths:
         return training_lengths(args.lengths, args.out_dir, args.prefix, args.overwrite)
     json_path = os.path.join(args.out_dir, f"{args.prefix}.json")

@@ -345,7 +345,7 @@ def test_quality_merge_pools_seeds_and_refuses_duplicates(tmp_path):
     second = quality.main([*common, "--seeds", "1", "--prefix", "second"])
     merged = quality.main(
         ["--merge", str(tmp_path / "first.json"), str(tmp_path / "second.json"), "--out-dir", str(tmp_path)]
-        + ["--prefix", "merged"]
+        + ["--prefix", "merged", "--no-plots"]
     )
     for row in ("MHA", "DAMCHA token"):
         expected = (
@@ -354,6 +354,7 @@ def test_quality_merge_pools_seeds_and_refuses_duplicates(tmp_path):
         assert merged["summary"]["lm"][row]["test_bpb"]["per_seed"] == expected
         assert merged["summary"]["lm"][row]["test_bpb"]["mean"] == pytest.approx(sum(expected) / 2)
     assert json.loads((tmp_path / "merged.json").read_text())["args"]["seeds"] == [0, 1]
+    assert not list(tmp_path.glob("*.png"))  # --no-plots holds for the runs and for the merge
     with pytest.raises(ValueError, match="seed"):
         quality.main(
             ["--merge", str(tmp_path / "first.json"), str(tmp_path / "first.json"), "--out-dir", str(tmp_path)]

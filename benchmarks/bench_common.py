@@ -216,11 +216,13 @@ def _capacity_controls(mha, widened, mlp_width, method, *, parameter_matched_mha
 
         return build
 
+    def dcmha():
+        return damcha_hf.convert_to_damcha(mha(), cross_head_variant="dcmha")
+
     rows = []
     if parameter_matched_mha:
         rows.append(Row("MHA +params", matched(method), "mha"))
     if dcmha_matched_mha:
-        dcmha = lambda: damcha_hf.convert_to_damcha(mha(), cross_head_variant="dcmha")  # noqa: E731
         rows.append(Row("MHA +DCMHA params", matched(dcmha), "mha"))
     return rows
 

@@ -5,7 +5,7 @@ with transformers' Auto classes, and so imports torch and transformers (seconds 
 none of that: `damcha-hf --help`, a recipe's `--help` and a bad argument must answer at once. This module sits
 outside the package so that the console script can start without running that `__init__`: it reads the
 standard-library-only modules the parsers need (`damcha_hf.cli`, `damcha_hf.commands.*`, `damcha_hf.safe_files`,
-`damcha_hf.modeling.damcha_options`) with `light_import`, parses, and only then imports the package to run the
+`damcha_hf.modeling.damcha_config`) with `light_import`, parses, and only then imports the package to run the
 command.
 """
 

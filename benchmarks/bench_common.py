@@ -25,7 +25,7 @@ from transformers import (
 )
 
 import damcha_hf
-from damcha_hf.modeling.damcha_options import CROSS_HEAD_VARIANTS
+from damcha_hf.modeling.damcha_config import CROSS_HEAD_VARIANTS
 from damcha_hf.safe_files import write_json
 
 GPT2_CONTEXTS = ("token", "query")  # "sequence" is refused by causal models (it would leak future tokens)

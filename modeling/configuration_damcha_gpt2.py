@@ -3,7 +3,7 @@
 from huggingface_hub.dataclasses import strict
 from transformers import GPT2Config
 
-from .damcha_options import (
+from .damcha_config import (
     METRIC_OPTIONS_DOCSTRING,
     check_metric_options,
     check_source_model_type,

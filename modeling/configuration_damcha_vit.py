@@ -5,7 +5,7 @@ from collections.abc import Iterable
 from huggingface_hub.dataclasses import strict
 from transformers import ViTConfig
 
-from .damcha_options import (
+from .damcha_config import (
     METRIC_OPTIONS_DOCSTRING,
     check_metric_options,
     check_source_model_type,

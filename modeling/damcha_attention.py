@@ -52,7 +52,7 @@ from torch import nn
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .damcha_options import METRIC_CONTEXTS, METRIC_MASKS
+from .damcha_config import METRIC_CONTEXTS, METRIC_MASKS
 from .dcmha import DynamicHeadComposition, init_dcmha
 from .talking_heads import TalkingHeadsMixing, init_talking_heads
 

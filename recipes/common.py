@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 checks = light_import("damcha_hf.argument_checks")
 safe_files = light_import("damcha_hf.safe_files")
-options = light_import("damcha_hf.modeling.damcha_options")
+options = light_import("damcha_hf.modeling.damcha_config")
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 # What a recipe writes directly in --output-dir: Trainer / Accelerate checkpoints, the final model, the results.

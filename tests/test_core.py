@@ -119,19 +119,19 @@ def test_options_module_is_torch_free_and_matches_the_core():
     import sys
     from pathlib import Path
 
-    from damcha_hf.modeling import damcha_attention, damcha_options
+    from damcha_hf.modeling import damcha_attention, damcha_config
 
-    path = Path(damcha_options.__file__)
+    path = Path(damcha_config.__file__)
     code = (
         "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('damcha_options', {str(path)!r})\n"
+        f"spec = importlib.util.spec_from_file_location('damcha_config', {str(path)!r})\n"
         "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
-    assert tuple(damcha_attention.SCORE_MIXING_VARIANTS) == damcha_options.SCORE_MIXING_VARIANT_NAMES
-    assert set(damcha_options.SCORE_MIXING_VARIANT_NAMES) < set(damcha_options.CROSS_HEAD_VARIANTS)
+    assert tuple(damcha_attention.SCORE_MIXING_VARIANTS) == damcha_config.SCORE_MIXING_VARIANT_NAMES
+    assert set(damcha_config.SCORE_MIXING_VARIANT_NAMES) < set(damcha_config.CROSS_HEAD_VARIANTS)
 
 
 @pytest.mark.parametrize("context", ["token", "sequence", "query"])

@@ -4,6 +4,11 @@ Torch-free, so that the configuration files (and `--help` of the command line an
 importing the attention core. Part of the remote-code payload: imports nothing outside the standard library.
 """
 
+# The transformers releases CI runs (`.ci/run`): setup.cfg's range is exactly these minor versions, its upper bound
+# moved with each new release tested. Remote code on the Hub runs on whatever transformers its user has, so the
+# model files warn once outside this range.
+TESTED_TRANSFORMERS = ("5.23.0", "5.24.0", "5.25.0")
+
 METRIC_CONTEXTS = ("token", "sequence", "query")
 METRIC_MASKS = ("full", "diagonal", "offdiagonal")
 METRIC_SHARINGS = ("stack", "layer")

@@ -3,7 +3,7 @@
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
-from .damcha_config import DamchaConfigMixin
+from .damcha_config import SCORE_MIXING_VARIANT_NAMES, DamchaConfigMixin
 
 
 @strict
@@ -56,13 +56,14 @@ def check_key_value_heads(config: DamchaLlamaConfig) -> None:
             "attention); pick a divisor, or leave it unset for multi-head attention."
         )
     variant = config.cross_head_variant
-    if variant == "damcha" and kv_heads == 1 and heads > 1:
+    if variant == "damcha" and config.metric_form == "keys" and kv_heads == 1 and heads > 1:
         raise ValueError(
             f"{name}: `num_key_value_heads=1` (multi-query attention) leaves DAMCHA no key/value heads to mix across "
             "(`C` would be 1 x 1, a per-token rescaling of the one key, not a cross-head metric). Use a checkpoint "
-            "with `num_key_value_heads` >= 2, or `cross_head_variant='none'` for the plain model."
+            "with `num_key_value_heads` >= 2, `metric_form='scores'` (which mixes the query heads' score maps), or "
+            "`cross_head_variant='none'` for the plain model."
         )
-    if variant in ("talking_heads", "dcmha") and kv_heads != heads:
+    if variant in SCORE_MIXING_VARIANT_NAMES and kv_heads != heads:
         raise ValueError(
             f"{name}: `cross_head_variant={variant!r}` mixes the score maps of all query heads, which this plugin "
             f"implements for multi-head attention only, but `num_key_value_heads` ({kv_heads}) is not "

@@ -17,6 +17,7 @@ TESTED_TRANSFORMERS = ("5.23.0", "5.24.0", "5.25.0")
 
 METRIC_CONTEXTS = ("token", "sequence", "query")
 METRIC_MASKS = ("full", "diagonal", "offdiagonal")
+METRIC_FORMS = ("keys", "scores")
 METRIC_SHARINGS = ("stack", "layer")
 CROSS_HEAD_VARIANTS = ("damcha", "talking_heads", "dcmha", "none")
 # Variants that mix the n x n score maps across heads (`score_mixing.py` maps each to its module).
@@ -46,6 +47,11 @@ METRIC_OPTIONS_DOCSTRING = r"""
         The paper's ablation, applicable at inference to a trained model: `"full"`, `"diagonal"` (no cross-head
         terms, `C_ij = 0` for `i != j`) or `"offdiagonal"` (`C_ii = 0`: head `i` scores only against the other
         heads' keys).
+    metric_form (`str`, *optional*, defaults to `"keys"`):
+        Which reading of the paper's metric (derived in `metric.py`): `"keys"`, head `i` scores against the keys of
+        every head mixed by `C` (rank `d_h` per head; every attention backend and the plain KV cache), or `"scores"`,
+        head `i` scores with `sum_j C_ij Q_j K_j^T` (rank up to `H * d_h`; mixes the score maps, so eager attention
+        only).
     metric_sharing (`str`, *optional*, defaults to `"stack"`):
         `"stack"`: one generator shared by every layer (each layer feeds it its own input, so each layer still
         gets its own metric). `"layer"`: one generator per layer, for ablation.
@@ -71,6 +77,7 @@ def check_metric_options(config, *, causal: bool) -> None:
         ("metric_context", METRIC_CONTEXTS),
         ("metric_mask", METRIC_MASKS),
         ("metric_sharing", METRIC_SHARINGS),
+        ("metric_form", METRIC_FORMS),
     ):
         value = getattr(config, field, allowed[0])  # allowed[0] is the default of a field a config may lack
         if value not in allowed:
@@ -108,6 +115,7 @@ class DamchaConfigMixin:
     metric_context: str = "token"
     metric_mask: str = "full"
     metric_sharing: str = "stack"
+    metric_form: str = "keys"
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

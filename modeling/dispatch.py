@@ -20,8 +20,8 @@ from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .damcha_config import TESTED_TRANSFORMERS
-from .metric import CrossHeadMetric, cross_head_query_key, full_width_key, project_heads
-from .score_mixing import SCORE_MIXING_VARIANTS, score_mixing_cross_head_attention
+from .metric import CrossHeadMetric, MetricScoreMixing, cross_head_query_key, full_width_key, project_heads
+from .score_mixing import SCORE_MIXING_VARIANTS, layer_mixing, score_mixing_cross_head_attention
 
 
 def warn_if_untested_transformers(version: str = transformers.__version__) -> bool:
@@ -112,10 +112,9 @@ def cross_head_attention(
     `key_projection` (its `k_proj`), so that `"sequence"` and `"token"` can project and mix the key in one step.
     Returns `(attn_output (batch, seq, heads, head_dim), attn_weights or None)` as the attention functions do.
 
-    `"damcha"` mixes `(query, key)` and runs the configured attention function; `"none"` runs it on the plain
-    projections; `"talking_heads"` and `"dcmha"` run `score_mixing_attention`. DCMHA's key-side weights are
-    concatenated to the keys (last dim) before the cache update and split off after it, so the cache stores them per
-    position with the keys and any cache class carries them.
+    `"damcha"` mixes `(query, key)` and runs the configured attention function (`metric_form="keys"`), or mixes the
+    score maps in eager attention (`"scores"`); `"none"` runs the attention function on the plain projections;
+    `"talking_heads"` and `"dcmha"` run `score_mixing_attention`.
     """
     config = module.config
     # Each config field is read once: a transformers config attribute costs microseconds per read (its
@@ -123,13 +122,24 @@ def cross_head_attention(
     variant = config.cross_head_variant
     attn_implementation = config._attn_implementation
     metric_context = config.metric_context if variant == "damcha" else None
+    scores_form = variant == "damcha" and config.metric_form == "scores"
     # transformers renamed the cache argument in 5.24; whichever name the caller used, it is the same cache.
     cache = self_attention_cache(cache if cache is not None else past_key_values)
-    if key is None and metric_context not in ("sequence", "token"):
+    if key is None and (scores_form or metric_context not in ("sequence", "token")):
         key = project_heads(key_projection, hidden_states, query.shape[-1])
     if variant in SCORE_MIXING_VARIANTS:
+        mixing = layer_mixing(module)
         return score_mixing_cross_head_attention(
-            module, hidden_states, query, key, value, attention_mask, dropout=dropout, cache=cache, **kwargs
+            module,
+            hidden_states,
+            query,
+            key,
+            value,
+            attention_mask,
+            mixing=mixing,
+            dropout=dropout,
+            cache=cache,
+            **kwargs,
         )
     if variant == "damcha":
         if metric is None:
@@ -137,7 +147,6 @@ def cross_head_attention(
                 f"{type(module).__name__}: `cross_head_variant='damcha'` needs the model's `cross_head_metric`; call "
                 "the layer through its model, which passes it."
             )
-        check_attention_backend(metric_context, attn_implementation)
         if metric_context == "sequence" and getattr(module, "is_causal", False):
             # The config refuses this, but a field set on a built model (`model.config.metric_context = ...`) is
             # checked only here, where it would otherwise let every token see the ones after it.
@@ -146,6 +155,28 @@ def cross_head_attention(
                 "the whole sequence and would let each token see later ones; set `config.metric_context = 'token'` "
                 "(or 'query') on this model."
             )
+        if scores_form:
+            mixing = MetricScoreMixing(
+                metric,
+                layer_idx=module.layer_idx or 0,
+                metric_context=metric_context,
+                metric_mask=config.metric_mask,
+                num_key_value_heads=key.shape[1],
+                token_mask=token_mask,
+            )
+            return score_mixing_cross_head_attention(
+                module,
+                hidden_states,
+                query,
+                key,
+                value,
+                attention_mask,
+                mixing=mixing,
+                dropout=dropout,
+                cache=cache,
+                **kwargs,
+            )
+        check_attention_backend(metric_context, attn_implementation)
         query, key = cross_head_query_key(
             query,
             key,

@@ -25,23 +25,33 @@ def build_cross_head_mixing(config) -> nn.Module | None:
     return None if mixing_class is None else mixing_class.from_config(config)
 
 
+def mixes_score_maps(config) -> bool:
+    """Talking-heads, DCMHA and DAMCHA's `metric_form="scores"` mix the `n x n` score maps across heads."""
+    variant = config.cross_head_variant
+    return variant in SCORE_MIXING_VARIANTS or (variant == "damcha" and config.metric_form == "scores")
+
+
 def eager_attn_implementation_for(config, requested: str | None) -> str | None:
     """The attention backend a model must use for `config`'s variant, or None where the usual resolution applies.
 
-    Talking-heads and DCMHA need the materialised score maps: they get `"eager"` when no backend was requested, and a
+    Score-mixing attention needs the materialised score maps: it gets `"eager"` when no backend was requested, and a
     `ValueError` naming `attn_implementation` and the fix when another one was. Models call this from
     `_check_and_adjust_attn_implementation`, so that construction, `from_pretrained` and `set_attn_implementation`
     all resolve the same way.
     """
-    variant = config.cross_head_variant
-    if variant not in SCORE_MIXING_VARIANTS:
+    if not mixes_score_maps(config):
         return None
     if requested not in (None, "eager"):
+        chosen = (
+            "`metric_form='scores'`"
+            if config.cross_head_variant == "damcha"
+            else f"`cross_head_variant={config.cross_head_variant!r}`"
+        )
         raise ValueError(
-            f"`cross_head_variant={variant!r}` mixes the attention score maps across heads, which only eager attention "
-            f"materialises, so it cannot run with `attn_implementation={requested!r}`. Load or build the model with "
-            f"`attn_implementation='eager'` (or leave it unset), or use `cross_head_variant='damcha'` or `'none'`, "
-            "which run on every backend."
+            f"{chosen} mixes the attention score maps across heads, which only eager attention materialises, so it "
+            f"cannot run with `attn_implementation={requested!r}`. Load or build the model with "
+            "`attn_implementation='eager'` (or leave it unset), or use DAMCHA's `metric_form='keys'` or "
+            "`cross_head_variant='none'`, which run on every backend."
         )
     return "eager"
 
@@ -67,6 +77,8 @@ def score_mixing_attention(
     `attention_mask` is the eager additive float mask or a boolean mask (True = attend), or None.
     Returns `(attn_output (batch, seq, heads, head_dim), attn_weights (batch, heads, seq, keys))`.
     """
+    if key.shape[1] != query.shape[1]:  # grouped-query attention: each key/value head serves a group of query heads
+        key, value = (t.repeat_interleave(query.shape[1] // key.shape[1], dim=1) for t in (key, value))
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     scores = mixing.mix_logits(scores, query_weights, key_weights)
     if attention_mask is not None:
@@ -82,21 +94,33 @@ def score_mixing_attention(
     return attn_output, probabilities
 
 
-def score_mixing_cross_head_attention(
-    module, hidden_states, query, key, value, attention_mask, *, dropout, cache=None, **kwargs
-) -> tuple[torch.Tensor, torch.Tensor]:
-    config = module.config
-    variant = config.cross_head_variant
-    if config._attn_implementation not in (None, "eager"):
-        eager_attn_implementation_for(config, config._attn_implementation)  # raises the error that names the fix
+def layer_mixing(module: nn.Module) -> nn.Module:
+    """The layer's talking-heads or DCMHA module, checked against its config's variant."""
+    variant = module.config.cross_head_variant
     mixing = getattr(module, "cross_head_mixing", None)
     # A wrapper (PEFT's modules_to_save) stands in for the module and forwards its methods to the trained copy, so the
     # check looks through it instead of insisting on the class.
     if not isinstance(getattr(mixing, "original_module", mixing), SCORE_MIXING_VARIANTS[variant]):
         raise ValueError(
             f"{type(module).__name__} has no `cross_head_mixing` module for `cross_head_variant={variant!r}`; build "
-            "it in the layer's __init__ with `build_cross_head_mixing(config)`."
+            "it with `build_cross_head_mixing(config)`."
         )
+    return mixing
+
+
+def score_mixing_cross_head_attention(
+    module, hidden_states, query, key, value, attention_mask, *, mixing, dropout, cache=None, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention whose score maps `mixing` mixes across heads, with the cache update.
+
+    `mixing` gives per-token weights (`dynamic_weights`) and mixes the maps before and after the softmax
+    (`mix_logits`, `mix_probabilities`). Its key-side weights are concatenated to the keys (last dim) before the
+    cache update and split off after it, so the cache stores them per position with the keys and any cache class
+    carries them.
+    """
+    config = module.config
+    if config._attn_implementation not in (None, "eager"):
+        eager_attn_implementation_for(config, config._attn_implementation)  # raises the error that names the fix
     query_weights, key_weights = mixing.dynamic_weights(hidden_states)
     head_dim = key.shape[-1]
     if key_weights is not None:

@@ -1,0 +1,198 @@
+"""DAMCHA's second reading, `metric_form="scores"`: head i scores with sum_j C_ij(z) Q_j K_j^T / sqrt(d_h).
+
+Oracles: a naive loop over every head pair (i, j) with `C` written out from the generator's weights; the stock
+transformers model (a fresh or converted model is exact MHA); generation without a cache.
+"""
+
+import math
+
+import pytest
+import torch
+from conftest import (
+    CACHE_ARGUMENT,
+    randomize_metric,
+    tiny_damcha_gpt2_config,
+    tiny_damcha_llama_config,
+    tiny_damcha_vit_config,
+    tiny_gpt2_config,
+    tiny_llama_config,
+)
+from huggingface_hub.errors import StrictDataclassClassValidationError
+from torch.nn import functional as F
+from transformers import DynamicCache, GPT2LMHeadModel, LlamaForCausalLM, StaticCache
+
+import damcha_hf
+from damcha_hf.modeling.metric import CrossHeadMetric, MetricScoreMixing
+from damcha_hf.modeling.score_mixing import score_mixing_attention
+
+BATCH, SEQ, HIDDEN, HEADS, HEAD_DIM = 2, 6, 24, 4, 5
+
+
+def written_out_cross_head(metric: CrossHeadMetric, z: torch.Tensor, mask: str) -> torch.Tensor:
+    """C(z) = I + W2 gelu(W1 z + b1) + b2, then the ablation mask, from the generator's weights."""
+    generator = metric.generators[0]
+    offsets = F.linear(F.gelu(F.linear(z, generator.fc_in.weight, generator.fc_in.bias)), generator.fc_out.weight)
+    offsets = (offsets + generator.fc_out.bias).view(*z.shape[:-1], metric.num_heads, metric.num_key_value_heads)
+    identity = torch.eye(metric.num_heads)
+    if mask == "diagonal":
+        return (identity + offsets) * identity
+    if mask == "offdiagonal":
+        return offsets * (1 - identity)
+    return identity + offsets
+
+
+def oracle_attention(query, key, value, hidden_states, metric, context, mask, causal, token_mask=None):
+    """Every head pair in a loop: S_i[t, s] = sum_j C_ij(z) q_j[t] . k_g(j)[s] / sqrt(d_h), masked, softmax, P_i v_i."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    group = heads // kv_heads
+    if context == "sequence":
+        weights = torch.ones(hidden_states.shape[:2]) if token_mask is None else token_mask.float()
+        mean = (hidden_states * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
+        cross_head = written_out_cross_head(metric, mean, mask)[:, None, None]  # (b, 1, 1, H, H)
+    else:
+        per_token = written_out_cross_head(metric, hidden_states, mask)  # (b, n, H, H)
+        cross_head = per_token[:, :, None] if context == "query" else per_token[:, None, :]  # (b, t|1, s|1, H, H)
+    seq = query.shape[2]
+    outputs = torch.zeros(BATCH, heads, seq, value.shape[-1])
+    for i in range(heads):
+        scores = torch.zeros(BATCH, seq, seq)
+        for j in range(heads):
+            pair = query[:, j] @ key[:, j // group].transpose(-1, -2) / math.sqrt(query.shape[-1])
+            scores = scores + cross_head[..., i, j] * pair
+        if causal:
+            scores = scores.masked_fill(torch.ones(seq, seq).triu(1).bool(), float("-inf"))
+        if token_mask is not None:
+            scores = scores.masked_fill(~token_mask[:, None, :], float("-inf"))
+        outputs[:, i] = scores.softmax(-1) @ value[:, i // group]
+    return outputs
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scaling = HEAD_DIM**-0.5
+
+
+@pytest.mark.parametrize("kv_heads", [HEADS, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("mask", ["full", "diagonal", "offdiagonal"])
+@pytest.mark.parametrize("context", ["token", "query", "sequence"])
+def test_scores_form_matches_the_head_pair_oracle(context, mask, kv_heads):
+    torch.manual_seed(0)
+    metric = CrossHeadMetric(HIDDEN, HEADS, metric_hidden_size=8, num_key_value_heads=HEADS)
+    randomize_metric(torch.nn.ModuleDict({"cross_head_metric": metric}))
+    hidden_states = torch.randn(BATCH, SEQ, HIDDEN)
+    query = torch.randn(BATCH, HEADS, SEQ, HEAD_DIM)
+    key, value = torch.randn(BATCH, kv_heads, SEQ, HEAD_DIM), torch.randn(BATCH, kv_heads, SEQ, HEAD_DIM)
+    causal = context != "sequence"
+    token_mask = torch.tensor([[True] * SEQ, [True] * (SEQ - 2) + [False] * 2]) if context == "sequence" else None
+    mixing = MetricScoreMixing(
+        metric, layer_idx=0, metric_context=context, metric_mask=mask, num_key_value_heads=kv_heads,
+        token_mask=token_mask,
+    )  # fmt: skip
+    query_weights, key_weights = mixing.dynamic_weights(hidden_states)
+    if causal:
+        attention_mask = torch.ones(SEQ, SEQ).tril().bool()[None, None].expand(BATCH, 1, SEQ, SEQ)
+    else:
+        attention_mask = token_mask[:, None, None, :].expand(BATCH, 1, SEQ, SEQ)
+    output, _ = score_mixing_attention(
+        _Layer().eval(), query, key, value, attention_mask, mixing=mixing, query_weights=query_weights,
+        key_weights=key_weights, scaling=HEAD_DIM**-0.5,
+    )  # fmt: skip
+    expected = oracle_attention(query, key, value, hidden_states, metric, context, mask, causal, token_mask)
+    real = slice(None) if token_mask is None else token_mask[:, None, :, None].expand_as(expected)
+    torch.testing.assert_close(output.transpose(1, 2)[real], expected[real], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("context", ["token", "query"])
+@pytest.mark.parametrize(
+    "stock_class, damcha_config, stock_config",
+    [(GPT2LMHeadModel, tiny_damcha_gpt2_config, tiny_gpt2_config), (LlamaForCausalLM, tiny_damcha_llama_config, tiny_llama_config)],
+    ids=["gpt2", "llama-gqa"],
+)  # fmt: skip
+def test_scores_form_converts_exactly_and_generates_the_same_with_and_without_a_cache(
+    stock_class, damcha_config, stock_config, context
+):
+    stock = stock_class(stock_config()).eval()
+    ids = torch.randint(3, 97, (2, 7))
+    converted = damcha_hf.convert_to_damcha(stock, metric_form="scores", metric_context=context).eval()
+    assert converted.config._attn_implementation == "eager"
+    with torch.no_grad():
+        torch.testing.assert_close(converted(ids).logits, stock(ids).logits, rtol=0, atol=1e-5)
+    randomize_metric(converted)
+    with torch.no_grad():
+        full = converted(ids).logits
+        # causal: changing the last token leaves every earlier position's logits unchanged
+        changed = ids.clone()
+        changed[:, -1] = (changed[:, -1] + 1) % 97
+        torch.testing.assert_close(converted(changed).logits[:, :-1], full[:, :-1], rtol=0, atol=1e-6)
+        assert not torch.allclose(full, stock(ids).logits, atol=1e-3)
+        # token by token with a dynamic cache equals the full forward
+        cache, steps = DynamicCache(config=converted.config), []
+        for position in range(ids.shape[1]):
+            step = converted(ids[:, position : position + 1], use_cache=True, **{CACHE_ARGUMENT: cache})
+            steps.append(step.logits)
+        torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5)
+    prompt = ids[:1, :4]
+    generated = {
+        name: converted.generate(prompt, max_new_tokens=6, do_sample=False, use_cache=use_cache, **extra)
+        for name, use_cache, extra in [
+            ("none", False, {}),
+            ("dynamic", True, {}),
+            ("static", True, {CACHE_ARGUMENT: StaticCache(config=converted.config, max_cache_len=16)}),
+        ]
+    }
+    assert torch.equal(generated["dynamic"], generated["none"]) and torch.equal(generated["static"], generated["none"])
+
+
+@pytest.mark.parametrize("mask_form", ["2d", "additive"])
+def test_scores_form_vit_sequence_metric_with_padding_equals_the_model_without_the_padded_tokens(mask_form):
+    """Oracle: the same layers run on the kept tokens alone, one image at a time, without a mask."""
+    model = damcha_hf.DamchaViTModel(tiny_damcha_vit_config(metric_form="scores", metric_context="sequence")).eval()
+    randomize_metric(model)
+    pixels = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 50, dtype=torch.long)
+    mask[0, -7:] = 0
+    mask[1, -19:] = 0
+    given = mask
+    if mask_form == "additive":
+        keys = mask[:, None, None, :].bool().expand(-1, 1, 50, -1)
+        given = torch.zeros(keys.shape).masked_fill(~keys, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        masked = model(pixels, attention_mask=given).last_hidden_state
+        unmasked = model(pixels).last_hidden_state
+        embeddings = model.embeddings(pixels)
+        for row in range(2):
+            hidden = embeddings[row : row + 1, mask[row].bool()]
+            for layer in model.layers:
+                hidden = layer(hidden, None, cross_head_metric=model.cross_head_metric)
+            expected = model.layernorm(hidden)
+            torch.testing.assert_close(masked[row : row + 1, mask[row].bool()], expected, rtol=1e-4, atol=1e-5)
+    kept = mask.bool()
+    assert (masked[kept] - unmasked[kept]).abs().max() > 1e-3
+
+
+def test_scores_form_refuses_fused_backends_and_allows_multi_query_llama():
+    model = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(metric_form="scores"))
+    assert model.config._attn_implementation == "eager"
+    with pytest.raises(ValueError, match="metric_form='scores'"):
+        model.set_attn_implementation("sdpa")
+    with pytest.raises(StrictDataclassClassValidationError, match="metric_form='scores'"):
+        damcha_hf.DamchaLlamaConfig(**{**tiny_damcha_llama_config().to_dict(), "num_key_value_heads": 1})
+    model = damcha_hf.DamchaLlamaForCausalLM(tiny_damcha_llama_config(num_key_value_heads=1, metric_form="scores"))
+    assert model.model.cross_head_metric.generators[0].fc_out.out_features == 8 * 8
+    with pytest.raises(StrictDataclassClassValidationError, match="metric_form"):
+        damcha_hf.DamchaGPT2Config(metric_form="rows")
+
+
+def test_scores_form_checkpoint_loads_as_remote_code_without_the_plugin(tmp_path):
+    from test_remote_code import load_in_fresh_process
+
+    model = damcha_hf.DamchaLlamaForCausalLM(tiny_damcha_llama_config(metric_form="scores", metric_context="query"))
+    randomize_metric(model)
+    model.eval().save_pretrained(tmp_path / "checkpoint")
+    inputs = {"input_ids": torch.randint(3, 97, (2, 7))}
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    report = load_in_fresh_process(tmp_path / "checkpoint", inputs, ["AutoModelForCausalLM"], tmp_path / "fresh")
+    assert report["damcha_hf_importable"] is False
+    torch.testing.assert_close(report["logits"], expected, rtol=0, atol=1e-6)

@@ -38,9 +38,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The repository root, so that `experiments.common` imports when run as `python experiments/<script>.py`.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import (  # noqa: E402  (torch-free: --help stays fast)
+from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     CONFIDENCE,
     Row,
     count_parameters,

@@ -38,9 +38,10 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The repository root, so that `experiments.common` imports when run as `python experiments/<script>.py`.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import (  # noqa: E402  (torch-free: --help stays fast)
+from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     GPT2_CONTEXTS,
     LLAMA_CONTEXTS,
     VIT_CONTEXTS,

@@ -17,13 +17,11 @@ from transformers import LlamaForCausalLM
 import damcha_hf
 from damcha_hf import training
 
-EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
-sys.path.insert(0, EXPERIMENTS)
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPERIMENTS = os.path.join(REPOSITORY, "experiments")
+sys.path.insert(0, REPOSITORY)
 
-import common  # noqa: E402
-import decode_layer  # noqa: E402
-import quality  # noqa: E402
-import speed  # noqa: E402
+from experiments import common, decode_layer, quality, speed  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -692,7 +690,7 @@ def test_speed_summarize_recomputes_verdicts_from_a_json(tmp_path, capsys):
 def test_help_answers_without_loading_torch(script):
     """Every script parses its arguments before importing torch or transformers: building its parser in a fresh
     interpreter leaves them unloaded, and `--help` prints the usage."""
-    probe = (f"import sys; sys.path.insert(0, {EXPERIMENTS!r}); import {script}; {script}.build_parser(); "
+    probe = (f"import sys; sys.path.insert(0, {REPOSITORY!r}); from experiments import {script}; {script}.build_parser(); "
              "print(sorted({'torch', 'transformers', 'scipy'} & set(sys.modules)))")  # fmt: skip
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"

@@ -25,7 +25,8 @@ Memory:
 Examples:
     python experiments/speed.py --quick
     python experiments/speed.py                       # GPT-2 small (12 x 768, 12 heads), seq 512 and 1024, batch 4
-    python experiments/speed.py --layers 4 --batch 1 --seq 512 1024 --repeats 5 --json docs/speed_cpu.json
+    python experiments/speed.py --layers 4 --batch 1 --seq 512 1024 --repeats 5 --json speed_cpu.json
+    python experiments/speed.py --summarize speed_cpu.json --target 1.02   # the verdicts of a saved run, again
     python experiments/speed.py --parts generate compiled --models gpt2 --contexts token --no-variants   # decoding only
 """
 
@@ -75,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick", action="store_true",
         help="small preset: GPT-2 and ViT (add Llama with --models gpt2 llama vit), 2 layers, seq 256, batch 1, "
-        "3 repeats, no talking-heads/DCMHA rows (add them with --variants); see the README's quick-run table",
+        "3 repeats, no talking-heads/DCMHA rows (add them with --variants)",
     )  # fmt: skip
     parser.add_argument("--tiny", action="store_true", help="smallest preset, for the tests (seconds)")
     parser.add_argument("--layers", type=int, help="GPT-2 and ViT layers (default 12)")
@@ -101,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metric-hidden-size", type=int, default=64)
     parser.add_argument(
         "--models", nargs="+", choices=["gpt2", "llama", "vit"],
-        help="default: gpt2 llama vit (--quick: gpt2 vit; the Llama rows at TinyLlama widths took more than half of "
-        "a 16-minute --quick run)",
+        help="default: gpt2 llama vit (--quick: gpt2 vit; the Llama rows at TinyLlama widths would take more than "
+        "half of its time)",
     )  # fmt: skip
     parser.add_argument(
         "--llama-layers", type=int,
@@ -152,7 +153,7 @@ def parse_args(argv=None):
         args.models = ["gpt2", "vit"] if args.quick else ["gpt2", "llama", "vit"]
     if args.quick:
         llama_preset = {"llama_layers": 1}
-        # The talking-heads and DCMHA rows (n x n score mixing) took most of an older --quick's 12 minutes and 7 GB.
+        # The talking-heads and DCMHA rows (n x n score mixing) would take most of a --quick run's time and memory.
         args.no_variants = args.no_variants or not args.variants
         preset.update(layers=2, seq=[256], batch=1, repeats=3, warmup=1, gen_prompt=16, gen_tokens=16)
     if args.tiny:
@@ -410,8 +411,8 @@ def measure(rows, batch, args, device, generation_prompt=None, memory_batch_buil
                 result["decode_s"] = times
                 result["decode_tokens_per_s"] = generation_prompt.shape[0] / median(times)
         if "compiled" in args.parts:
-            # "query" and the eager-only score-mixing variants are not compiled here (static-cache "query" is its own
-            # issue); every other row is, MHA included, so that the ratio compares compiled with compiled.
+            # "query" (no static-cache form) and the eager-only score-mixing variants are not compiled; every other
+            # row is, MHA included, so that the ratio compares compiled with compiled.
             compiled = [
                 index for index, row in enumerate(rows)
                 if row.name != "DAMCHA query" and "eager" not in row.name

@@ -106,10 +106,25 @@ def _paired(damcha, reference):
     return damcha
 
 
-def gpt2_rows(
+def gpt2_rows(config_kwargs: dict, *, contexts=GPT2_CONTEXTS, **options) -> list[Row]:
+    """MHA (vanilla `GPT2LMHeadModel`), DAMCHA per `metric_context`, the baseline variants and the capacity controls
+    (widened to DAMCHA `"token"`'s parameter count, and to DCMHA's); `options` as in `_stock_and_damcha_rows`."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import damcha_hf
+
+    classes = (GPT2Config, GPT2LMHeadModel, damcha_hf.DamchaGPT2Config, damcha_hf.DamchaGPT2LMHeadModel)
+    mlp = ("n_inner", 4 * config_kwargs["n_embd"])
+    return _stock_and_damcha_rows(classes, config_kwargs, mlp, contexts, "token", **options)
+
+
+def _stock_and_damcha_rows(
+    classes: tuple,
     config_kwargs: dict,
+    mlp: tuple[str, int],
+    contexts,
+    default_context: str,
     *,
-    contexts=GPT2_CONTEXTS,
     metric_hidden_size: int = 64,
     seed: int = 0,
     variants: bool = True,
@@ -117,47 +132,46 @@ def gpt2_rows(
     parameter_matched_mha: bool = False,
     dcmha_matched_mha: bool = False,
 ) -> list[Row]:
-    """MHA (vanilla `GPT2LMHeadModel`), DAMCHA per `metric_context`, and the baseline variants when available.
+    """The rows of one family: `classes` = (stock config, stock model, DAMCHA config, DAMCHA model), `mlp` = (the
+    config field of the MLP width, its value).
 
-    Every model built for the same `seed` starts from the same GPT-2 weights; DAMCHA's metric generator starts at
+    Every model built for the same `seed` starts from the same stock weights; DAMCHA's metric generator starts at
     zero (its input layer from a seeded normal), so at step 0 every row computes the same function.
-    `parameter_matched_mha` adds "MHA +params": vanilla GPT-2 whose MLPs are widened until it has as many parameters
-    as DAMCHA (to the nearest MLP unit), the control for DAMCHA's extra generator parameters; `dcmha_matched_mha` adds
-    "MHA +DCMHA params", widened to DCMHA's count, the control for its per-layer dynamic projections.
+    `parameter_matched_mha` adds "MHA +params": the stock model with its MLPs widened until it has as many parameters
+    as DAMCHA with `default_context` (to the nearest MLP unit), the control for DAMCHA's generator parameters;
+    `dcmha_matched_mha` adds "MHA +DCMHA params", widened to DCMHA's count, the control for its dynamic projections.
     """
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
 
-    import damcha_hf
+    config_class, model_class, damcha_config_class, damcha_model_class = classes
 
     def mha(implementation=attn_implementation):
         torch.manual_seed(seed)
-        return GPT2LMHeadModel(GPT2Config(**config_kwargs, attn_implementation=implementation)).train()
+        return model_class(config_class(**config_kwargs, attn_implementation=implementation)).train()
 
     def damcha(implementation=attn_implementation, **options):
         def build():
             reference = mha(implementation)
             torch.manual_seed(seed + 1)
-            config = damcha_hf.DamchaGPT2Config(
+            config = damcha_config_class(
                 **config_kwargs, metric_hidden_size=metric_hidden_size, attn_implementation=implementation, **options
             )
-            model = damcha_hf.DamchaGPT2LMHeadModel(config)
-            return _paired(model, reference).train()
+            return _paired(damcha_model_class(config), reference).train()
 
         return build
 
     def widened(inner):
         torch.manual_seed(seed)
-        return GPT2LMHeadModel(GPT2Config(**config_kwargs, n_inner=inner, attn_implementation="sdpa")).train()
+        return model_class(config_class(**{**config_kwargs, mlp[0]: inner}, attn_implementation="sdpa")).train()
 
     rows = [Row("MHA", mha, "mha")]
     rows += _capacity_controls(
-        mha, widened, 4 * config_kwargs["n_embd"], damcha(metric_context="token"),
+        mha, widened, mlp[1], damcha(metric_context=default_context),
         parameter_matched_mha=parameter_matched_mha, dcmha_matched_mha=dcmha_matched_mha,
     )  # fmt: skip
     rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
     if variants:
-        rows += _variant_rows(mha, damcha, "token")
+        rows += _variant_rows(mha, damcha, default_context)
     return rows
 
 
@@ -238,54 +252,21 @@ def _variant_rows(mha, damcha, context) -> list[Row]:
     return rows
 
 
-def vit_rows(
-    config_kwargs: dict,
-    *,
-    contexts=VIT_CONTEXTS,
-    metric_hidden_size: int = 64,
-    seed: int = 0,
-    variants: bool = True,
-    attn_implementation: str = "sdpa",
-    parameter_matched_mha: bool = False,
-    dcmha_matched_mha: bool = False,
-) -> list[Row]:
+def vit_rows(config_kwargs: dict, *, contexts=VIT_CONTEXTS, **options) -> list[Row]:
     """MHA (vanilla `ViTForImageClassification`), DAMCHA per context, the baseline variants, and the capacity controls
-    of `gpt2_rows` (widened to DAMCHA `"sequence"`'s parameter count, and to DCMHA's)."""
-    import torch
+    (widened to DAMCHA `"sequence"`'s parameter count, and to DCMHA's)."""
     from transformers import ViTConfig, ViTForImageClassification
 
     import damcha_hf
 
-    def mha(implementation=attn_implementation):
-        torch.manual_seed(seed)
-        return ViTForImageClassification(ViTConfig(**config_kwargs, attn_implementation=implementation)).train()
-
-    def damcha(implementation=attn_implementation, **options):
-        def build():
-            reference = mha(implementation)
-            torch.manual_seed(seed + 1)
-            config = damcha_hf.DamchaViTConfig(
-                **config_kwargs, metric_hidden_size=metric_hidden_size, attn_implementation=implementation, **options
-            )
-            model = damcha_hf.DamchaViTForImageClassification(config)
-            return _paired(model, reference).train()
-
-        return build
-
-    def widened(inner):
-        torch.manual_seed(seed)
-        config = ViTConfig(**{**config_kwargs, "intermediate_size": inner}, attn_implementation="sdpa")
-        return ViTForImageClassification(config).train()
-
-    rows = [Row("MHA", mha, "mha")]
-    rows += _capacity_controls(
-        mha, widened, config_kwargs["intermediate_size"], damcha(metric_context="sequence"),
-        parameter_matched_mha=parameter_matched_mha, dcmha_matched_mha=dcmha_matched_mha,
-    )  # fmt: skip
-    rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
-    if variants:
-        rows += _variant_rows(mha, damcha, "sequence")
-    return rows
+    classes = (
+        ViTConfig,
+        ViTForImageClassification,
+        damcha_hf.DamchaViTConfig,
+        damcha_hf.DamchaViTForImageClassification,
+    )
+    mlp = ("intermediate_size", config_kwargs["intermediate_size"])
+    return _stock_and_damcha_rows(classes, config_kwargs, mlp, contexts, "sequence", **options)
 
 
 def count_parameters(model) -> int:

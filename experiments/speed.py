@@ -594,6 +594,20 @@ def gpt2_dropout(dropout: float) -> dict:
     return {"resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout}
 
 
+def measure_decoder(args, device, seq: int, vocab: int, build_rows, title: str) -> dict:
+    """One causal-LM shape: training steps on `seq` tokens and generation from a prompt, for the rows of
+    `build_rows(dropout)`; the shape's title, table and per-row results."""
+    batch = lm_batch(args.batch, seq, vocab, device, seed=seq)
+    prompt = lm_batch(args.gen_batch, args.gen_prompt, vocab, device, seed=1)["input_ids"]
+    results = measure(build_rows(), batch, args, device, generation_prompt=prompt,
+                      memory_batch_builder=lambda dropout: (build_rows(dropout), batch))  # fmt: skip
+    if {"train", "memory"} & set(args.parts):
+        title += f", batch {args.batch} x seq {seq}"
+    if {"generate", "decode", "compiled"} & set(args.parts):
+        title += f"; generation: batch {args.gen_batch}, prompt {args.gen_prompt}, {args.gen_tokens} new tokens"
+    return {"title": title, "table": print_table(title, results), "results": results}
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.summarize:
@@ -606,13 +620,11 @@ def main(argv=None):
     variants = not args.no_variants
 
     if "gpt2" in args.models:
-        vocab = args.vocab
         for seq in args.seq:
             kwargs = gpt2_config_kwargs(
-                args.layers, args.width, args.heads, max(seq, args.gen_prompt + args.gen_tokens), vocab
+                args.layers, args.width, args.heads, max(seq, args.gen_prompt + args.gen_tokens), args.vocab
             )
-            contexts = args.contexts or GPT2_CONTEXTS
-            contexts = [c for c in contexts if c in GPT2_CONTEXTS]
+            contexts = [c for c in (args.contexts or GPT2_CONTEXTS) if c in GPT2_CONTEXTS]
 
             def build_rows(dropout=0.0, kwargs=kwargs, contexts=contexts):
                 rows = gpt2_rows(
@@ -621,18 +633,8 @@ def main(argv=None):
                 )  # fmt: skip
                 return with_noise_floor(rows)
 
-            batch = lm_batch(args.batch, seq, vocab, device, seed=seq)
-            prompt = lm_batch(args.gen_batch, args.gen_prompt, vocab, device, seed=1)["input_ids"]
-            results = measure(
-                build_rows(), batch, args, device, generation_prompt=prompt,
-                memory_batch_builder=lambda dropout, build_rows=build_rows, batch=batch: (build_rows(dropout), batch),
-            )  # fmt: skip
             title = f"GPT-2 {args.layers} layers x {args.width}, {args.heads} heads"
-            if {"train", "memory"} & set(args.parts):
-                title += f", batch {args.batch} x seq {seq}"
-            if {"generate", "decode", "compiled"} & set(args.parts):
-                title += f"; generation: batch {args.gen_batch}, prompt {args.gen_prompt}, {args.gen_tokens} new tokens"
-            report["shapes"].append({"title": title, "table": print_table(title, results), "results": results})
+            report["shapes"].append(measure_decoder(args, device, seq, args.vocab, build_rows, title))
 
     if "llama" in args.models:
         shape = {"width": 2048, "heads": 32, "kv_heads": 4, "intermediate": 5632, "vocab": 32000, **args.llama_shape}
@@ -645,19 +647,9 @@ def main(argv=None):
                                   metric_hidden_size=args.metric_hidden_size)  # fmt: skip
                 return with_noise_floor(rows)
 
-            batch = lm_batch(args.batch, seq, shape["vocab"], device, seed=seq)
-            prompt = lm_batch(args.gen_batch, args.gen_prompt, shape["vocab"], device, seed=1)["input_ids"]
-            results = measure(
-                build_llama_rows(), batch, args, device, generation_prompt=prompt,
-                memory_batch_builder=lambda dropout, build=build_llama_rows, batch=batch: (build(dropout), batch),
-            )  # fmt: skip
             title = (f"Llama (TinyLlama widths) {args.llama_layers} layers x {shape['width']}, {shape['heads']} query / "
                      f"{shape['kv_heads']} key-value heads")  # fmt: skip
-            if {"train", "memory"} & set(args.parts):
-                title += f", batch {args.batch} x seq {seq}"
-            if {"generate", "decode", "compiled"} & set(args.parts):
-                title += f"; generation: batch {args.gen_batch}, prompt {args.gen_prompt}, {args.gen_tokens} new tokens"
-            report["shapes"].append({"title": title, "table": print_table(title, results), "results": results})
+            report["shapes"].append(measure_decoder(args, device, seq, shape["vocab"], build_llama_rows, title))
 
     if "vit" in args.models:
         kwargs = vit_config_kwargs(args.image_size, 16, 3, args.layers, args.vit_width, args.vit_heads, 1000)

@@ -77,7 +77,7 @@ def build_calls(width: int, heads: int, metric_hidden_size: int, cache_length: i
     from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
 
     import damcha_hf
-    from damcha_hf.modeling.damcha_attention import CrossHeadMetric
+    from damcha_hf.modeling.metric import CrossHeadMetric
     from damcha_hf.modeling.modeling_damcha_gpt2 import DamchaGPT2Attention
 
     torch.manual_seed(0)

@@ -3,7 +3,7 @@ capacity controls), built so that every row of a seed starts from the same weigh
 comparisons; tables, JSON and figures written whole.
 
 Importing this module loads neither torch nor transformers (the scripts answer `--help` at once); the builders import
-them when called. The statistics need scipy (`pip install damcha-hf[experiments]`).
+them when called. The statistics need scipy (`pip install -e ".[experiments]"` in a clone).
 """
 
 from __future__ import annotations
@@ -83,15 +83,6 @@ def vit_config_kwargs(image_size, patch_size, channels, layers, width, heads, la
         "hidden_dropout_prob": dropout,
         "attention_probs_dropout_prob": dropout,
     }
-
-
-def score_mixing_variants() -> tuple[str, ...]:
-    """Variants that mix the n x n score maps and therefore run on eager attention only (talking-heads, DCMHA)."""
-    try:
-        from damcha_hf.modeling.score_mixing import SCORE_MIXING_VARIANTS
-    except ImportError:
-        return ("talking_heads", "dcmha")
-    return tuple(SCORE_MIXING_VARIANTS)
 
 
 def _paired(damcha, reference):
@@ -238,10 +229,10 @@ def _variant_rows(mha, damcha, context) -> list[Row]:
     """A row per baseline every DAMCHA config offers; the score-mixing ones run on eager attention (they cannot use
     SDPA), so an eager MHA row is added as their like-for-like reference."""
     from damcha_hf.modeling.damcha_config import CROSS_HEAD_VARIANTS
+    from damcha_hf.modeling.score_mixing import SCORE_MIXING_VARIANTS as eager_only
 
     variants = [variant for variant in CROSS_HEAD_VARIANTS if variant != "damcha"]
     rows = []
-    eager_only = score_mixing_variants()
     if any(v in eager_only for v in variants):
         rows.append(Row("MHA (eager)", lambda: mha("eager"), "mha"))
     for variant in variants:

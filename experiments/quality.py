@@ -236,29 +236,6 @@ def top1(model, images, labels, batch: int, device) -> float:
     return correct / len(images)
 
 
-def mean_metric_per_layer(model, inputs: dict) -> list[list[list[float]]] | None:
-    """The mean cross-head matrix `C` (H x H) of every layer on one batch, as the model's `cross_head_metric` makes it."""
-    import torch
-
-    metric = next((m for name, m in model.named_modules() if name.endswith("cross_head_metric")), None)
-    if metric is None:
-        return None
-    per_layer = {}
-
-    def hook(module, args, kwargs, output):
-        layer = args[1] if len(args) > 1 else kwargs.get("layer_idx", 0)
-        per_layer[int(layer)] = output.flatten(0, -3).float().mean(0).cpu()
-
-    handle = metric.register_forward_hook(hook, with_kwargs=True)
-    try:
-        model.eval()
-        with torch.no_grad():
-            model(**inputs)
-    finally:
-        handle.remove()
-    return [per_layer[layer].tolist() for layer in sorted(per_layer)]
-
-
 def offdiagonal_share(matrix: list[list[float]]) -> float:
     """Frobenius norm of the off-diagonal part of C over that of the whole of C."""
     total = sum(value * value for row in matrix for value in row)
@@ -291,7 +268,7 @@ class Task:
     batches: Callable[[int, int], Callable[[int], dict]]  # (generator seed, steps) -> step -> batch
     evaluate: Callable[[object, str], dict]  # (trained model, metric-name prefix) -> metrics
     ablation_metric: str  # the metric evaluated again under each ablation mask
-    metric_inputs: Callable[[], dict]  # one evaluation batch, for the mean cross-head matrix
+    metric_inputs: Callable[[], dict]  # one evaluation batch, for the mean cross-head matrix of each layer
     device: object
 
     def ablate(self, model) -> dict:
@@ -383,6 +360,7 @@ def vit_task(args, device) -> Task:
 
 
 def run_task(task: Task, args, on_record: Callable[[dict], None] = lambda results: None) -> dict:
+    from damcha_hf.metric_map import compute_metric_map
     from damcha_hf.training import train
 
     results = {}
@@ -398,7 +376,7 @@ def run_task(task: Task, args, on_record: Callable[[dict], None] = lambda result
                       "step_seconds": (time.time() - started) / task.steps, **task.evaluate(model)}  # fmt: skip
             if row.kind == "damcha":
                 record.update(task.ablate(model))
-                record["mean_metric"] = mean_metric_per_layer(model, task.metric_inputs())
+                record["mean_metric"] = compute_metric_map(model, task.metric_inputs()).matrices.tolist()
             results.setdefault(row.name, []).append(record)
             on_record(results)
     return results

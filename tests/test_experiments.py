@@ -16,6 +16,7 @@ from transformers import LlamaForCausalLM
 
 import damcha_hf
 from damcha_hf import training
+from damcha_hf.metric_map import compute_metric_map
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = os.path.join(REPOSITORY, "experiments")
@@ -103,7 +104,7 @@ def test_grouped_query_llama_rows_start_from_the_same_function():
         torch.testing.assert_close(other, logits[0], rtol=1e-5, atol=1e-5)
 
 
-def test_mean_metric_per_layer_is_the_generators_output():
+def test_mean_metric_of_a_quality_record_is_the_generators_output():
     kwargs = common.gpt2_config_kwargs(2, 32, 4, 16, vocab=50)
     model = common.gpt2_rows(kwargs, metric_hidden_size=8, variants=False)[1].build().eval()
     with torch.no_grad():
@@ -115,7 +116,7 @@ def test_mean_metric_per_layer_is_the_generators_output():
         block.ln_1.register_forward_hook(lambda m, a, out, i=i: layer_inputs.__setitem__(i, out))
         for i, block in enumerate(model.transformer.h)
     ]
-    matrices = quality.mean_metric_per_layer(model, {"input_ids": ids})
+    matrices = compute_metric_map(model, {"input_ids": ids}).matrices.tolist()
     for handle in handles:
         handle.remove()
     generator = model.transformer.cross_head_metric.generators[0]

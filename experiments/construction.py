@@ -51,6 +51,8 @@ def paired_ratio(damcha: list[float], stock: list[float]) -> dict:
     the interval excludes 1."""
     import statistics
 
+    if 0 in stock:
+        raise RuntimeError(f"a stock measurement came out as 0 ({stock}): no ratio can be taken; run again")
     ratios = [d / s for d, s in zip(damcha, stock)]
     interval = bootstrap_median_interval(ratios)
     return {"ratio": statistics.median(ratios), "interval": list(interval) if interval else None,

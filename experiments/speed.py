@@ -301,11 +301,6 @@ def alternate(functions, repeats: int, clock) -> list[list[float]]:
     return times
 
 
-def paired_ratio(times: list[float], reference: list[float]) -> float:
-    """Median over rounds of `time / reference time of the same round`: drift of a shared machine cancels out."""
-    return median([mine / theirs for mine, theirs in zip(times, reference)])
-
-
 def with_noise_floor(rows: list) -> list:
     """The rows with a second, independently built MHA model after the first: two identical models whose paired
     ratio shows the timing noise of this machine."""
@@ -585,7 +580,8 @@ def print_table(title: str, results: list[dict]) -> str:
     columns = [(h, f) for h, f in columns if any(cell(f, r) != "-" for r in results)]
     table_rows = [[cell(f, r) for _, f in columns] for r in results]
     text = f"\n### {title}\n\n" + format_table([h for h, _ in columns], table_rows)
-    text += "\n\n95% bootstrap intervals over the paired rounds:\n" + "\n".join(verdict_lines(results))
+    if verdict_lines(results):
+        text += "\n\n95% bootstrap intervals over the paired rounds:\n" + "\n".join(verdict_lines(results))
     print(text, flush=True)
     return text
 

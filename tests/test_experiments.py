@@ -326,7 +326,8 @@ def test_alternate_rotates_and_paired_ratio_cancels_drift():
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     # a machine that slows down 3x over the rounds: row B is 10% slower than A in every round
     reference = [1.0, 2.0, 3.0]
-    assert speed.paired_ratio([1.1, 2.2, 3.3], reference) == pytest.approx(1.1)
+    assert speed.round_ratios("step_ratio", [1.1, 2.2, 3.3], reference) == pytest.approx([1.1, 1.1, 1.1])
+    assert speed.round_ratios("decode_ratio", [1.1, 2.2, 3.3], reference) == pytest.approx([1 / 1.1] * 3)
     results = [
         {"row": "MHA", "parameters": 10, "step_s": reference},
         {"row": "MHA (repeat)", "parameters": 10, "step_s": [1.005, 2.01, 3.015]},

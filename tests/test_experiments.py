@@ -699,3 +699,14 @@ def test_help_answers_without_loading_torch(script):
     shown = subprocess.run([sys.executable, os.path.join(EXPERIMENTS, f"{script}.py"), "--help"], capture_output=True,
                            text=True, check=True).stdout  # fmt: skip
     assert shown.startswith(f"usage: {script}.py")
+
+
+def test_the_product_never_imports_the_experiments():
+    """damcha_hf/, modeling/ and recipes/ stand without experiments/ (it is not installed with the package)."""
+    importers = [
+        str(path.relative_to(REPOSITORY))
+        for folder in ("damcha_hf", "modeling", "recipes")
+        for path in Path(REPOSITORY, folder).rglob("*.py")
+        if any(line.lstrip().startswith(("import experiments", "from experiments")) for line in path.open())
+    ]
+    assert importers == []

@@ -8,11 +8,13 @@ Text:
     load_text_corpus(data)            a `datasets.DatasetDict` (train / validation) from a file, folder, glob,
                                       `"stdlib"` (the Python standard library's sources, on every machine) or
                                       `"gcide"` (the GCIDE dictionary, read through gzip)
+    read_gcide_bytes(path, n)         the GCIDE dictionary's first `n` bytes (byte-level language modelling)
     group_into_blocks(...)            tokenised, concatenated, cut into `block_size` blocks for causal LM
     check_tokenizer_matches_model(tokenizer, config)
 
 Images:
     load_fashion_mnist(folder, split) the Fashion-MNIST idx files as a `datasets.Dataset` of PIL images + labels
+    read_fashion_mnist(folder, split) the same as numpy arrays (images, labels)
     load_image_folder(path)           `datasets`' `imagefolder` loader, with the checks it lacks
 
 Every loader fails with an error that names the bad argument and the fix: a missing path, an empty corpus, a
@@ -200,13 +202,17 @@ def resolve_text_files(data: str | os.PathLike | Sequence[str], pattern: str = "
     )
 
 
-def read_gcide(path: str = GCIDE_PATH, max_bytes: int | None = None) -> str:
-    """The GCIDE dictionary text (a dictd `.dict.dz` file is gzip-compatible), as one string."""
+def read_gcide_bytes(path: str = GCIDE_PATH, max_bytes: int | None = None) -> bytes:
+    """The GCIDE dictionary's bytes (a dictd `.dict.dz` file is gzip-compatible), the first `max_bytes` of them."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"GCIDE dictionary not found at {path!r}; install dict-gcide or pass another file.")
     with gzip.open(path, "rb") as handle:
-        raw = handle.read(max_bytes if max_bytes is not None else -1)
-    return raw.decode("utf-8", errors="ignore")
+        return handle.read(max_bytes if max_bytes is not None else -1)
+
+
+def read_gcide(path: str = GCIDE_PATH, max_bytes: int | None = None) -> str:
+    """The GCIDE dictionary text, as one string."""
+    return read_gcide_bytes(path, max_bytes).decode("utf-8", errors="ignore")
 
 
 def _split_train_validation(
@@ -386,15 +392,11 @@ def _read_idx(path: str) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * num_dims).reshape(shape)
 
 
-def load_fashion_mnist(
-    folder: str = FASHION_MNIST_DIR, split: str = "train", *, max_samples: int | None = None
-) -> datasets.Dataset:
-    """Fashion-MNIST from its idx files: a `Dataset` with an `image` (28x28 grayscale PIL) and a `label` column.
+def read_fashion_mnist(folder: str = FASHION_MNIST_DIR, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+    """Fashion-MNIST's idx files as arrays: images (N, 28, 28) and labels (N,), unsigned bytes.
 
     `split` is `"train"` (60,000 images) or `"test"` (10,000; the `t10k-*` files).
     """
-    from PIL import Image
-
     prefix = {"train": "train", "test": "t10k"}.get(split)
     if prefix is None:
         raise ValueError(f"Fashion-MNIST `split` must be 'train' or 'test' (the t10k-* files), got {split!r}.")
@@ -416,6 +418,17 @@ def load_fashion_mnist(
     images, labels = _read_idx(find("images-idx3")), _read_idx(find("labels-idx1"))
     if len(images) != len(labels):
         raise ValueError(f"Fashion-MNIST {split}: {len(images)} images but {len(labels)} labels.")
+    return images, labels
+
+
+def load_fashion_mnist(
+    folder: str = FASHION_MNIST_DIR, split: str = "train", *, max_samples: int | None = None
+) -> datasets.Dataset:
+    """Fashion-MNIST from its idx files: a `Dataset` with an `image` (28x28 grayscale PIL) and a `label` column
+    (`split` as in `read_fashion_mnist`)."""
+    from PIL import Image
+
+    images, labels = read_fashion_mnist(folder, split)
     if max_samples is not None:
         images, labels = images[:max_samples], labels[:max_samples]
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=FASHION_MNIST_LABELS)})

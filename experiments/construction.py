@@ -11,11 +11,16 @@
 """
 
 import argparse
-import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+
+# The repository root, so that `experiments.common` imports when run as `python experiments/construction.py`.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from experiments.common import bootstrap_median_interval, interval_verdict, write_json_atomic  # noqa: E402
 
 MEMORY_PROBE = """
 import resource, sys, torch
@@ -31,26 +36,27 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
 """
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--rounds", type=int, default=10, help="paired rounds per measurement (default 10)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
-    return parser.parse_args(argv)
+    return parser
 
 
 def paired_ratio(damcha: list[float], stock: list[float]) -> dict:
-    """Median of the per-round ratios damcha/stock and a percentile bootstrap 95% interval of that median."""
-    import numpy as np
-    from scipy.stats import bootstrap
+    """Median of the per-round ratios damcha/stock, a percentile bootstrap 95% interval of that median, and whether
+    the interval excludes 1."""
+    import statistics
 
-    ratios = np.array(damcha) / np.array(stock)
-    median = float(np.median(ratios))
-    if len(ratios) < 3:
-        return {"ratio": median, "interval": None, "rounds": len(ratios)}
-    result = bootstrap((ratios,), np.median, confidence_level=0.95, method="percentile", random_state=0)
-    interval = [float(result.confidence_interval.low), float(result.confidence_interval.high)]
-    return {"ratio": median, "interval": interval, "rounds": len(ratios)}
+    if 0 in stock:
+        raise RuntimeError(f"a stock measurement came out as 0 ({stock}): no ratio can be taken; run again")
+    ratios = [d / s for d, s in zip(damcha, stock)]
+    interval = bootstrap_median_interval(ratios)
+    return {"ratio": statistics.median(ratios), "interval": list(interval) if interval else None,
+            "verdict": interval_verdict(interval, 1.0), "rounds": len(ratios)}  # fmt: skip
 
 
 def alternate(rounds: int, measure_damcha, measure_stock) -> tuple[list[float], list[float]]:
@@ -64,7 +70,7 @@ def alternate(rounds: int, measure_damcha, measure_stock) -> tuple[list[float], 
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -116,11 +122,11 @@ def main(argv=None) -> dict:
     for name, figure in figures.items():
         if isinstance(figure, dict):
             interval = figure["interval"]
-            shown = f"[{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "(too few rounds for an interval)"
-            print(f"{name}: DAMCHA / stock = {figure['ratio']:.3f} {shown} over {figure['rounds']} paired rounds")
+            shown = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
+            print(f"{name}: DAMCHA / stock = {figure['ratio']:.3f}{shown} over {figure['rounds']} paired rounds: "
+                  f"{figure['verdict']}")  # fmt: skip
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(figures, handle, indent=2)
+        write_json_atomic(args.json, figures)
     return figures
 
 

@@ -8,8 +8,8 @@ alone, outside the layer. The rows take turns (rotating order, `--rounds` rounds
 medians are reported, in microseconds per call. Run it on an idle machine: a busy one inflates the small operators'
 latency most.
 
-    python benchmarks/decode_layer.py                                  # GPT-2 small widths: 768 wide, 12 heads
-    python benchmarks/decode_layer.py --width 384 --heads 6
+    python experiments/decode_layer.py                                  # GPT-2 small widths: 768 wide, 12 heads
+    python experiments/decode_layer.py --width 384 --heads 6
 """
 
 import argparse
@@ -18,18 +18,11 @@ import statistics
 import time
 from collections.abc import Callable
 
-import torch
-from transformers import GPT2Config
-from transformers.cache_utils import DynamicCache
-from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
 
-import damcha_hf
-from damcha_hf.modeling.metric import CrossHeadMetric
-from damcha_hf.modeling.modeling_damcha_gpt2 import DamchaGPT2Attention
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--width", type=int, default=768, help="hidden size (default 768)")
     parser.add_argument("--heads", type=int, default=12, help="attention heads (default 12)")
     parser.add_argument("--metric-hidden-size", type=int, default=64, help="generator hidden size (default 64)")
@@ -37,24 +30,27 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=40, help="timed rounds (default 40)")
     parser.add_argument("--calls", type=int, default=100, help="calls per row and round (default 100)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    return parser.parse_args(argv)
+    return parser
 
 
-class FixedCrossHead(torch.nn.Module):
+def fixed_cross_head(cross_head):
     """Stands in for the metric: returns a `C` computed beforehand (for one token, broadcast to the input), at no cost."""
 
-    def __init__(self, cross_head: torch.Tensor):
-        super().__init__()
-        self.cross_head = cross_head
+    def forward(z, layer_idx=0, metric_mask="full"):
+        return cross_head.expand(*z.shape[:-1], *cross_head.shape[-2:])
 
-    def forward(self, z, layer_idx=0, metric_mask="full"):
-        return self.cross_head.expand(*z.shape[:-1], *self.cross_head.shape[-2:])
+    return forward
 
 
-def decoding_call(layer, prompt: torch.Tensor, token: torch.Tensor, metric=None, prefill_metric=None):
+def decoding_call(layer, prompt, token, metric=None, prefill_metric=None):
     """A function that runs one cached decoding step of `layer` on `token` after `prompt` and returns its output; the
     step's cache entry is dropped after it, so that every call decodes at the same position. `metric` (None: the layer
     takes no metric argument) is passed to the step, `prefill_metric` (default: `metric`) to the prompt's call."""
+    import torch
+    from transformers import GPT2Config
+    from transformers.cache_utils import DynamicCache
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+
     cache = DynamicCache(config=GPT2Config(n_layer=1, n_embd=prompt.shape[-1]))
     cache_argument = "cache" if "cache" in inspect.signature(GPT2Attention.forward).parameters else "past_key_values"
 
@@ -76,6 +72,14 @@ def decoding_call(layer, prompt: torch.Tensor, token: torch.Tensor, metric=None,
 
 def build_calls(width: int, heads: int, metric_hidden_size: int, cache_length: int) -> tuple[dict, Callable]:
     """The rows' decoding calls (all with the same weights, prompt and token) and a call of the metric alone."""
+    import torch
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+
+    import damcha_hf
+    from damcha_hf.modeling.metric import CrossHeadMetric
+    from damcha_hf.modeling.modeling_damcha_gpt2 import DamchaGPT2Attention
+
     torch.manual_seed(0)
     settings = {"n_layer": 1, "n_embd": width, "n_head": heads, "attn_implementation": "sdpa"}
     stock = GPT2Attention(GPT2Config(**settings), layer_idx=0).eval()
@@ -90,7 +94,7 @@ def build_calls(width: int, heads: int, metric_hidden_size: int, cache_length: i
         torch.nn.init.normal_(parameter, std=0.2)
     prompt, token = torch.randn(1, cache_length, width), torch.randn(1, 1, width)
     with torch.no_grad():
-        fixed = FixedCrossHead(metric(token))
+        fixed = fixed_cross_head(metric(token))
     calls = {
         "stock GPT2Attention": decoding_call(stock, prompt, token),
         'DAMCHA, cross_head_variant="none"': decoding_call(plain, prompt, token),
@@ -122,7 +126,9 @@ def alternate(calls: dict, rounds: int, per_round: int) -> dict:
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
+    import torch
+
     torch.set_num_threads(args.threads)
     calls, metric_alone = build_calls(args.width, args.heads, args.metric_hidden_size, args.cache_length)
     medians = alternate(calls, args.rounds, args.calls)

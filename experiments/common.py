@@ -1,8 +1,9 @@
-"""Helpers shared by the benchmark scripts: model builders for every row, and small utilities.
+"""Shared by the experiment scripts: the rows of a comparison (MHA, DAMCHA per metric context, the baselines, the
+capacity controls), built so that every row of a seed starts from the same weights; the statistics of paired
+comparisons; tables, JSON and figures written whole.
 
-The rows are built from whatever the installed `damcha_hf` offers, so the scripts keep running while parts of the
-plugin are still being written: the ViT rows appear once `damcha_hf.DamchaViTConfig` exists, and the baseline rows
-(talking-heads, DCMHA, ...) once the configs have a `cross_head_variant` field.
+Importing this module loads neither torch nor transformers (the scripts answer `--help` at once); the builders import
+them when called. The statistics need scipy (`pip install -e ".[experiments]"` in a clone).
 """
 
 from __future__ import annotations
@@ -14,20 +15,6 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-from transformers import (
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    ViTConfig,
-    ViTForImageClassification,
-)
-
-import damcha_hf
-from damcha_hf.modeling.damcha_config import CROSS_HEAD_VARIANTS
-from damcha_hf.safe_files import write_json
-
 GPT2_CONTEXTS = ("token", "query")  # "sequence" is refused by causal models (it would leak future tokens)
 LLAMA_CONTEXTS = ("token", "query")
 VIT_CONTEXTS = ("sequence", "token", "query")
@@ -38,12 +25,8 @@ class Row:
     """One model of a comparison: `build()` returns a fresh model in train mode."""
 
     name: str
-    build: Callable[[], torch.nn.Module]
+    build: Callable[[], object]  # a fresh torch.nn.Module
     kind: str  # "mha", "damcha" or "variant"
-
-
-# The baselines every DAMCHA config offers besides DAMCHA itself, in the order the tables list them.
-OTHER_CROSS_HEAD_VARIANTS = tuple(variant for variant in CROSS_HEAD_VARIANTS if variant != "damcha")
 
 
 def gpt2_config_kwargs(layers: int, width: int, heads: int, positions: int, vocab: int, dropout: float = 0.0) -> dict:
@@ -102,16 +85,7 @@ def vit_config_kwargs(image_size, patch_size, channels, layers, width, heads, la
     }
 
 
-def score_mixing_variants() -> tuple[str, ...]:
-    """Variants that mix the n x n score maps and therefore run on eager attention only (talking-heads, DCMHA)."""
-    try:
-        from damcha_hf.modeling.score_mixing import SCORE_MIXING_VARIANTS
-    except ImportError:
-        return ("talking_heads", "dcmha")
-    return tuple(SCORE_MIXING_VARIANTS)
-
-
-def _paired(damcha: torch.nn.Module, reference: torch.nn.Module) -> torch.nn.Module:
+def _paired(damcha, reference):
     """Copy every weight of the MHA `reference` into `damcha`, so both start from the same point (paired seeds).
 
     Keys only DAMCHA has (its metric generator, a variant's mixing weights) keep their own init; a reference key that
@@ -123,10 +97,25 @@ def _paired(damcha: torch.nn.Module, reference: torch.nn.Module) -> torch.nn.Mod
     return damcha
 
 
-def gpt2_rows(
+def gpt2_rows(config_kwargs: dict, *, contexts=GPT2_CONTEXTS, **options) -> list[Row]:
+    """MHA (vanilla `GPT2LMHeadModel`), DAMCHA per `metric_context`, the baseline variants and the capacity controls
+    (widened to DAMCHA `"token"`'s parameter count, and to DCMHA's); `options` as in `_stock_and_damcha_rows`."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import damcha_hf
+
+    classes = (GPT2Config, GPT2LMHeadModel, damcha_hf.DamchaGPT2Config, damcha_hf.DamchaGPT2LMHeadModel)
+    mlp = ("n_inner", 4 * config_kwargs["n_embd"])
+    return _stock_and_damcha_rows(classes, config_kwargs, mlp, contexts, "token", **options)
+
+
+def _stock_and_damcha_rows(
+    classes: tuple,
     config_kwargs: dict,
+    mlp: tuple[str, int],
+    contexts,
+    default_context: str,
     *,
-    contexts=GPT2_CONTEXTS,
     metric_hidden_size: int = 64,
     seed: int = 0,
     variants: bool = True,
@@ -134,43 +123,46 @@ def gpt2_rows(
     parameter_matched_mha: bool = False,
     dcmha_matched_mha: bool = False,
 ) -> list[Row]:
-    """MHA (vanilla `GPT2LMHeadModel`), DAMCHA per `metric_context`, and the baseline variants when available.
+    """The rows of one family: `classes` = (stock config, stock model, DAMCHA config, DAMCHA model), `mlp` = (the
+    config field of the MLP width, its value).
 
-    Every model built for the same `seed` starts from the same GPT-2 weights; DAMCHA's metric generator starts at
+    Every model built for the same `seed` starts from the same stock weights; DAMCHA's metric generator starts at
     zero (its input layer from a seeded normal), so at step 0 every row computes the same function.
-    `parameter_matched_mha` adds "MHA +params": vanilla GPT-2 whose MLPs are widened until it has as many parameters
-    as DAMCHA (to the nearest MLP unit), the control for DAMCHA's extra generator parameters; `dcmha_matched_mha` adds
-    "MHA +DCMHA params", widened to DCMHA's count, the control for its per-layer dynamic projections.
+    `parameter_matched_mha` adds "MHA +params": the stock model with its MLPs widened until it has as many parameters
+    as DAMCHA with `default_context` (to the nearest MLP unit), the control for DAMCHA's generator parameters;
+    `dcmha_matched_mha` adds "MHA +DCMHA params", widened to DCMHA's count, the control for its dynamic projections.
     """
+    import torch
+
+    config_class, model_class, damcha_config_class, damcha_model_class = classes
 
     def mha(implementation=attn_implementation):
         torch.manual_seed(seed)
-        return GPT2LMHeadModel(GPT2Config(**config_kwargs, attn_implementation=implementation)).train()
+        return model_class(config_class(**config_kwargs, attn_implementation=implementation)).train()
 
     def damcha(implementation=attn_implementation, **options):
         def build():
             reference = mha(implementation)
             torch.manual_seed(seed + 1)
-            config = damcha_hf.DamchaGPT2Config(
+            config = damcha_config_class(
                 **config_kwargs, metric_hidden_size=metric_hidden_size, attn_implementation=implementation, **options
             )
-            model = damcha_hf.DamchaGPT2LMHeadModel(config)
-            return _paired(model, reference).train()
+            return _paired(damcha_model_class(config), reference).train()
 
         return build
 
     def widened(inner):
         torch.manual_seed(seed)
-        return GPT2LMHeadModel(GPT2Config(**config_kwargs, n_inner=inner, attn_implementation="sdpa")).train()
+        return model_class(config_class(**{**config_kwargs, mlp[0]: inner}, attn_implementation="sdpa")).train()
 
     rows = [Row("MHA", mha, "mha")]
     rows += _capacity_controls(
-        mha, widened, 4 * config_kwargs["n_embd"], damcha(metric_context="token"),
+        mha, widened, mlp[1], damcha(metric_context=default_context),
         parameter_matched_mha=parameter_matched_mha, dcmha_matched_mha=dcmha_matched_mha,
     )  # fmt: skip
     rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
     if variants:
-        rows += _variant_rows(OTHER_CROSS_HEAD_VARIANTS, mha, damcha, "token")
+        rows += _variant_rows(mha, damcha, default_context)
     return rows
 
 
@@ -184,6 +176,10 @@ def llama_rows(
 ) -> list[Row]:
     """MHA (stock `LlamaForCausalLM`, grouped-query when `num_key_value_heads` < heads) and DAMCHA per context,
     converted from the same stock weights (`convert_to_damcha`: every weight kept, generator at zero)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import damcha_hf
 
     def mha(implementation=attn_implementation):
         torch.manual_seed(seed)
@@ -217,6 +213,8 @@ def _capacity_controls(mha, widened, mlp_width, method, *, parameter_matched_mha
         return build
 
     def dcmha():
+        import damcha_hf
+
         return damcha_hf.convert_to_damcha(mha(), cross_head_variant="dcmha")
 
     rows = []
@@ -227,11 +225,14 @@ def _capacity_controls(mha, widened, mlp_width, method, *, parameter_matched_mha
     return rows
 
 
-def _variant_rows(variants, mha, damcha, context) -> list[Row]:
-    """Baseline rows; the score-mixing ones run on eager attention (they cannot use SDPA), so an eager MHA row is
-    added as their like-for-like reference."""
+def _variant_rows(mha, damcha, context) -> list[Row]:
+    """A row per baseline every DAMCHA config offers; the score-mixing ones run on eager attention (they cannot use
+    SDPA), so an eager MHA row is added as their like-for-like reference."""
+    from damcha_hf.modeling.damcha_config import CROSS_HEAD_VARIANTS
+    from damcha_hf.modeling.score_mixing import SCORE_MIXING_VARIANTS as eager_only
+
+    variants = [variant for variant in CROSS_HEAD_VARIANTS if variant != "damcha"]
     rows = []
-    eager_only = score_mixing_variants()
     if any(v in eager_only for v in variants):
         rows.append(Row("MHA (eager)", lambda: mha("eager"), "mha"))
     for variant in variants:
@@ -242,53 +243,24 @@ def _variant_rows(variants, mha, damcha, context) -> list[Row]:
     return rows
 
 
-def vit_rows(
-    config_kwargs: dict,
-    *,
-    contexts=VIT_CONTEXTS,
-    metric_hidden_size: int = 64,
-    seed: int = 0,
-    variants: bool = True,
-    attn_implementation: str = "sdpa",
-    parameter_matched_mha: bool = False,
-    dcmha_matched_mha: bool = False,
-) -> list[Row]:
+def vit_rows(config_kwargs: dict, *, contexts=VIT_CONTEXTS, **options) -> list[Row]:
     """MHA (vanilla `ViTForImageClassification`), DAMCHA per context, the baseline variants, and the capacity controls
-    of `gpt2_rows` (widened to DAMCHA `"sequence"`'s parameter count, and to DCMHA's)."""
+    (widened to DAMCHA `"sequence"`'s parameter count, and to DCMHA's)."""
+    from transformers import ViTConfig, ViTForImageClassification
 
-    def mha(implementation=attn_implementation):
-        torch.manual_seed(seed)
-        return ViTForImageClassification(ViTConfig(**config_kwargs, attn_implementation=implementation)).train()
+    import damcha_hf
 
-    def damcha(implementation=attn_implementation, **options):
-        def build():
-            reference = mha(implementation)
-            torch.manual_seed(seed + 1)
-            config = damcha_hf.DamchaViTConfig(
-                **config_kwargs, metric_hidden_size=metric_hidden_size, attn_implementation=implementation, **options
-            )
-            model = damcha_hf.DamchaViTForImageClassification(config)
-            return _paired(model, reference).train()
-
-        return build
-
-    def widened(inner):
-        torch.manual_seed(seed)
-        config = ViTConfig(**{**config_kwargs, "intermediate_size": inner}, attn_implementation="sdpa")
-        return ViTForImageClassification(config).train()
-
-    rows = [Row("MHA", mha, "mha")]
-    rows += _capacity_controls(
-        mha, widened, config_kwargs["intermediate_size"], damcha(metric_context="sequence"),
-        parameter_matched_mha=parameter_matched_mha, dcmha_matched_mha=dcmha_matched_mha,
-    )  # fmt: skip
-    rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
-    if variants:
-        rows += _variant_rows(OTHER_CROSS_HEAD_VARIANTS, mha, damcha, "sequence")
-    return rows
+    classes = (
+        ViTConfig,
+        ViTForImageClassification,
+        damcha_hf.DamchaViTConfig,
+        damcha_hf.DamchaViTForImageClassification,
+    )
+    mlp = ("intermediate_size", config_kwargs["intermediate_size"])
+    return _stock_and_damcha_rows(classes, config_kwargs, mlp, contexts, "sequence", **options)
 
 
-def count_parameters(model: torch.nn.Module) -> int:
+def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
@@ -298,6 +270,8 @@ def median(values):
 
 def write_json_atomic(path: str, payload) -> None:
     """Write to a temporary file in the same folder and rename, so no half-written file is ever left."""
+    from damcha_hf.safe_files import write_json
+
     write_json(path, payload, indent=2)
 
 
@@ -328,10 +302,59 @@ def format_table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(out)
 
 
-def set_up_device(device_name: str, threads: int) -> tuple[torch.device, str]:
-    """The torch device, with `threads` CPU threads, and a one-line description of the machine for the reports."""
-    device = torch.device(device_name)
+def set_up_device(device_name: str | None, threads: int):
+    """The torch device (default: CUDA if there is one), with `threads` CPU threads, and a one-line description of
+    the machine for the reports."""
+    import torch
+
+    device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.set_num_threads(threads)
     if device.type == "cuda":
         return device, torch.cuda.get_device_name(device)
     return device, f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"
+
+
+# ----------------------------------------------------------------------------------------------------- statistics
+
+CONFIDENCE = 0.95
+
+
+def paired_statistics(differences: list[float], confidence: float = CONFIDENCE) -> dict:
+    """Mean of per-seed paired differences, its standard error (sample std / sqrt(n)), the two-sided Student-t
+    interval with n - 1 degrees of freedom, and how many seeds share the mean's sign."""
+    n = len(differences)
+    mean = statistics.fmean(differences)
+    std = statistics.stdev(differences) if n > 1 else 0.0
+    stats = {"n": n, "mean": mean, "std": std, "per_seed": list(differences),
+             "agree_in_sign": sum(1 for d in differences if d * mean > 0)}  # fmt: skip
+    if n < 2:
+        return {**stats, "se": None, "t_critical": None, "low": None, "high": None}
+    from scipy.stats import t
+
+    se = std / n**0.5
+    t_critical = float(t.ppf(0.5 + confidence / 2, n - 1))
+    return {**stats, "se": se, "t_critical": t_critical, "low": mean - t_critical * se, "high": mean + t_critical * se}
+
+
+def bootstrap_median_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Percentile-bootstrap interval of the median of `values` (10,000 resamples, a fixed seed, so that a summary
+    printed twice reads the same); None for fewer than two values."""
+    if len(values) < 2:
+        return None
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    result = bootstrap((np.asarray(values),), np.median, confidence_level=confidence, n_resamples=10_000,
+                       method="percentile", rng=np.random.default_rng(0))  # fmt: skip
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def interval_verdict(interval: tuple[float, float] | None, reference: float) -> str:
+    """The verdict on an interval: "resolved" only where it excludes `reference` (and on which side)."""
+    if interval is None:
+        return "not resolved (fewer than 2 rounds)"
+    if interval[0] > reference:
+        return f"resolved: above {reference:g}"
+    if interval[1] < reference:
+        return f"resolved: below {reference:g}"
+    return f"not resolved: the interval contains {reference:g}"

@@ -9,9 +9,10 @@ Reported: step time and its ratio to MHA, training memory and its ratio (activat
 rates, `--memory-dropout`), greedy generation tokens/s with the KV cache and its ratio (GPT-2 only), the same with
 the static cache and `torch.compile(fullgraph=True)` (`--parts ... compiled`), and the parameter overhead.
 
-Noise floor: the row "MHA (repeat)" is a second, identical vanilla model. Its paired ratio measures how far two
-identical models drift apart on this machine; when it is more than `--resolution` (default 1%) from 1.000 the
-table says that its ratios of that kind are not resolved, and more repeats (or a quieter machine) are needed.
+Verdicts: each ratio comes with a 95% percentile-bootstrap interval of its median over the paired rounds, and is
+called "resolved" only where that interval excludes 1.0 (or `--target`), on its side; otherwise "not resolved". The
+row "MHA (repeat)" is a second, identical vanilla model: its interval shows the timing noise of the machine.
+`--summarize FILE.json` prints the ratios, intervals and verdicts of an earlier run's JSON.
 
 Memory:
   * CUDA: `torch.cuda.max_memory_allocated` over one training step, optimiser state already allocated (so it is the
@@ -22,33 +23,36 @@ Memory:
     the same quantity the CUDA peak measures, minus allocator slack and transient buffers.
 
 Examples:
-    python benchmarks/speed.py --quick
-    python benchmarks/speed.py                       # GPT-2 small (12 x 768, 12 heads), seq 512 and 1024, batch 4
-    python benchmarks/speed.py --layers 4 --batch 1 --seq 512 1024 --repeats 5 --json docs/speed_cpu.json
-    python benchmarks/speed.py --parts generate compiled --models gpt2 --contexts token --no-variants   # decoding only
+    python experiments/speed.py --quick
+    python experiments/speed.py                       # GPT-2 small (12 x 768, 12 heads), seq 512 and 1024, batch 4
+    python experiments/speed.py --layers 4 --batch 1 --seq 512 1024 --repeats 5 --json speed_cpu.json
+    python experiments/speed.py --summarize speed_cpu.json --target 1.02   # the verdicts of a saved run, again
+    python experiments/speed.py --parts generate compiled --models gpt2 --contexts token --no-variants   # decoding only
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import sys
 import time
 
-import torch
+# The repository root, so that `experiments.common` imports when run as `python experiments/<script>.py`.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from bench_common import (
+from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     GPT2_CONTEXTS,
     LLAMA_CONTEXTS,
     VIT_CONTEXTS,
     Row,
+    bootstrap_median_interval,
     count_parameters,
     format_table,
     gpt2_config_kwargs,
     gpt2_rows,
+    interval_verdict,
     llama_config_kwargs,
     llama_rows,
     median,
@@ -59,14 +63,20 @@ from bench_common import (
 )
 
 PARTS = ("train", "memory", "generate", "decode", "compiled")
+# (ratio key, per-round times key): the step ratio is this row's time over MHA's, the others MHA's over this row's
+# (tokens per second).
+RATIOS = (("step_ratio", "step_s"), ("generate_ratio", "generate_s"), ("decode_ratio", "decode_s"),
+          ("compiled_generate_ratio", "compiled_generate_s"))  # fmt: skip
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument(
         "--quick", action="store_true",
         help="small preset: GPT-2 and ViT (add Llama with --models gpt2 llama vit), 2 layers, seq 256, batch 1, "
-        "3 repeats, no talking-heads/DCMHA rows (add them with --variants); see the README's quick-run table",
+        "3 repeats, no talking-heads/DCMHA rows (add them with --variants)",
     )  # fmt: skip
     parser.add_argument("--tiny", action="store_true", help="smallest preset, for the tests (seconds)")
     parser.add_argument("--layers", type=int, help="GPT-2 and ViT layers (default 12)")
@@ -92,8 +102,8 @@ def parse_args(argv=None):
     parser.add_argument("--metric-hidden-size", type=int, default=64)
     parser.add_argument(
         "--models", nargs="+", choices=["gpt2", "llama", "vit"],
-        help="default: gpt2 llama vit (--quick: gpt2 vit; the Llama rows at TinyLlama widths took more than half of "
-        "a 16-minute --quick run)",
+        help="default: gpt2 llama vit (--quick: gpt2 vit; the Llama rows at TinyLlama widths would take more than "
+        "half of its time)",
     )  # fmt: skip
     parser.add_argument(
         "--llama-layers", type=int,
@@ -119,15 +129,21 @@ def parse_args(argv=None):
         help="dropout rates at which activation bytes are also counted (default 0 and 0.1, GPT2Config's default)",
     )  # fmt: skip
     parser.add_argument(
-        "--resolution", type=float, default=0.01,
-        help="a ratio is claimed only when the noise-floor row is within this of 1.000 (default 0.01)",
+        "--target", type=float, default=1.0,
+        help="the ratio each interval is judged against (default 1.0: does the row differ from MHA at all)",
     )  # fmt: skip
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--summarize", metavar="JSON", help="print the ratios and verdicts of an earlier run's JSON")
+    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.add_argument(
         "--threads", type=int, default=2,
         help="torch CPU threads (default 2; on a machine shared with other jobs, 1 thread gives steadier timings)",
     )  # fmt: skip
     parser.add_argument("--json", help="also write the results to this JSON file")
+    return parser
+
+
+def parse_args(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     preset = {"layers": 12, "width": 768, "heads": 12, "vit_width": 384, "vit_heads": 6, "image_size": 224, "seq": [512, 1024],
@@ -137,7 +153,7 @@ def parse_args(argv=None):
         args.models = ["gpt2", "vit"] if args.quick else ["gpt2", "llama", "vit"]
     if args.quick:
         llama_preset = {"llama_layers": 1}
-        # The talking-heads and DCMHA rows (n x n score mixing) took most of an older --quick's 12 minutes and 7 GB.
+        # The talking-heads and DCMHA rows (n x n score mixing) would take most of a --quick run's time and memory.
         args.no_variants = args.no_variants or not args.variants
         preset.update(layers=2, seq=[256], batch=1, repeats=3, warmup=1, gen_prompt=16, gen_tokens=16)
     if args.tiny:
@@ -182,13 +198,15 @@ def parse_args(argv=None):
 class Clock:
     """Wall-clock on CPU; CUDA events on GPU (the step is queued, so host timing would measure nothing).
 
-    `cuda` is the `torch.cuda` namespace; the tests pass a stand-in with the same four calls, so that the GPU path runs
-    (and is checked) on a CPU-only machine.
+    `cuda` is the `torch.cuda` namespace (the default); the tests pass a stand-in with the same four calls, so that the
+    GPU path runs (and is checked) on a CPU-only machine.
     """
 
-    def __init__(self, device: torch.device, cuda=torch.cuda):
+    def __init__(self, device, cuda=None):
+        import torch
+
         self.on_gpu = device.type == "cuda"
-        self.cuda = cuda
+        self.cuda = cuda or torch.cuda
 
     def time(self, function) -> float:
         if self.on_gpu:
@@ -214,6 +232,8 @@ def training_step(model, optimizer, batch):
 
 def saved_activation_bytes(model, batch) -> int:
     """Bytes autograd saves for backward in one forward pass: each storage once, parameters (and their views) excluded."""
+    import torch
+
     parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
 
@@ -231,13 +251,17 @@ def saved_activation_bytes(model, batch) -> int:
     return sum(saved.values())
 
 
-def training_memory(model, optimizer, batch, device, cuda=torch.cuda) -> tuple[float, float]:
+def training_memory(model, optimizer, batch, device, cuda=None) -> tuple[float, float]:
     """(train memory bytes, activation bytes); see the module docstring for the method per device.
 
     `cuda` as in `Clock`: the tests run the GPU branch on a CPU with a stand-in.
     """
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     if device.type == "cuda":
+        if cuda is None:
+            import torch
+
+            cuda = torch.cuda
         optimizer.zero_grad(set_to_none=True)
         cuda.synchronize()
         cuda.reset_peak_memory_stats(device)
@@ -251,18 +275,22 @@ def training_memory(model, optimizer, batch, device, cuda=torch.cuda) -> tuple[f
 
 
 def lm_batch(batch, seq, vocab, device, seed):
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (batch, seq), generator=generator).to(device)
     return {"input_ids": ids, "labels": ids}
 
 
 def image_batch(batch, image_size, labels, device, seed):
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     pixels = torch.randn(batch, 3, image_size, image_size, generator=generator).to(device)
     return {"pixel_values": pixels, "labels": torch.randint(0, labels, (batch,), generator=generator).to(device)}
 
 
-def alternate(functions, repeats: int, clock: Clock) -> list[list[float]]:
+def alternate(functions, repeats: int, clock) -> list[list[float]]:
     """`times[row][round]`: each round times every function once, in an order that rotates from round to round."""
     times = [[] for _ in functions]
     for repeat in range(repeats):
@@ -273,21 +301,18 @@ def alternate(functions, repeats: int, clock: Clock) -> list[list[float]]:
     return times
 
 
-def paired_ratio(times: list[float], reference: list[float]) -> float:
-    """Median over rounds of `time / reference time of the same round`: drift of a shared machine cancels out."""
-    return median([mine / theirs for mine, theirs in zip(times, reference)])
-
-
 def with_noise_floor(rows: list) -> list:
     """The rows with a second, independently built MHA model after the first: two identical models whose paired
     ratio shows the timing noise of this machine."""
     return [rows[0], Row("MHA (repeat)", rows[0].build, "mha"), *rows[1:]]
 
 
-def decoding_step(model, prompt: torch.Tensor):
+def decoding_step(model, prompt):
     """A function that runs one greedy decoding step on a KV cache holding `prompt`, then drops that step's entry from
     the cache again, so that every call decodes at the same position: the unit of cached generation, short enough
     to alternate between rows hundreds of times."""
+    import torch
+
     with torch.no_grad():
         output = model(input_ids=prompt, use_cache=True)
     cache = output.past_key_values
@@ -303,7 +328,7 @@ def decoding_step(model, prompt: torch.Tensor):
     return step
 
 
-def compile_config(device: torch.device):
+def compile_config(device):
     """Static-cache decoding compiled with `fullgraph=True`; CUDA graphs on a GPU, plain inductor on a CPU."""
     from transformers import CompileConfig
 
@@ -317,6 +342,8 @@ def measure(rows, batch, args, device, generation_prompt=None, memory_batch_buil
 
     `memory_batch_builder(dropout)` returns `(rows, batch)` built at another dropout rate, for `--memory-dropout`.
     """
+    import torch
+
     clock = Clock(device)
     models, optimizers = [], []
     for row in rows:
@@ -379,8 +406,8 @@ def measure(rows, batch, args, device, generation_prompt=None, memory_batch_buil
                 result["decode_s"] = times
                 result["decode_tokens_per_s"] = generation_prompt.shape[0] / median(times)
         if "compiled" in args.parts:
-            # "query" and the eager-only score-mixing variants are not compiled here (static-cache "query" is its own
-            # issue); every other row is, MHA included, so that the ratio compares compiled with compiled.
+            # "query" (no static-cache form) and the eager-only score-mixing variants are not compiled; every other
+            # row is, MHA included, so that the ratio compares compiled with compiled.
             compiled = [
                 index for index, row in enumerate(rows)
                 if row.name != "DAMCHA query" and "eager" not in row.name
@@ -398,7 +425,7 @@ def measure(rows, batch, args, device, generation_prompt=None, memory_batch_buil
                 results[index]["compiled_generate_s"] = times
                 results[index]["compiled_generate_tokens_per_s"] = new_tokens / median(times)
 
-    summarise(results, args.resolution)
+    summarise(results, args.target)
 
     if args.profile:
         for model, optimizer, result in zip(models, optimizers, results):
@@ -419,14 +446,19 @@ def measure(rows, batch, args, device, generation_prompt=None, memory_batch_buil
     return results
 
 
-def summarise(results: list[dict], resolution: float) -> None:
-    """Ratios to the first row (MHA): paired medians, min-time ratios, memory ratios; and whether the noise-floor row
-    resolves them (`resolved[kind]`, stored on the first row)."""
+def round_ratios(ratio: str, times: list[float], reference: list[float]) -> list[float]:
+    """Per round, this row's time over MHA's (the step ratio) or MHA's over this row's (tokens/s ratios)."""
+    pairs = zip(times, reference) if ratio == "step_ratio" else zip(reference, times)
+    return [numerator / denominator for numerator, denominator in pairs]
+
+
+def summarise(results: list[dict], target: float = 1.0) -> None:
+    """Ratios to the first row (MHA): per timing, the paired median with its bootstrap interval over the rounds and
+    the verdict against `target`, and the ratio of the fastest rounds; memory and parameter ratios."""
     reference = results[0]
     for result in results:
         if "step_s" in result:
             result["step_median_s"] = median(result["step_s"])
-            result["step_ratio"] = paired_ratio(result["step_s"], reference["step_s"])
             result["step_spread"] = [min(result["step_s"]), max(result["step_s"])]
             # On a shared machine interference only ever adds time, so the ratio of the fastest runs is also robust.
             result["step_min_ratio"] = min(result["step_s"]) / min(reference["step_s"])
@@ -437,18 +469,37 @@ def summarise(results: list[dict], resolution: float) -> None:
                 suffix = key.removeprefix("activation_bytes")
                 result[f"activation_ratio{suffix}"] = result[key] / reference[key]
         result["parameter_overhead"] = result["parameters"] / reference["parameters"] - 1
-        for prefix in ("generate", "decode", "compiled_generate"):
-            if f"{prefix}_s" in result and f"{prefix}_s" in reference:
-                # tokens/s ratio: reference time over this row's time, per round
-                result[f"{prefix}_ratio"] = paired_ratio(reference[f"{prefix}_s"], result[f"{prefix}_s"])
-                result[f"{prefix}_min_ratio"] = min(reference[f"{prefix}_s"]) / min(result[f"{prefix}_s"])
-    floor = next((r for r in results if r["row"] == "MHA (repeat)"), None)
-    resolved = {}
-    for ratio in ("step_ratio", "generate_ratio", "decode_ratio", "compiled_generate_ratio"):
-        if floor is not None and ratio in floor:
-            resolved[ratio] = abs(floor[ratio] - 1) <= resolution
-    reference["resolved"] = resolved
-    reference["resolution"] = resolution
+        for ratio, key in RATIOS:
+            if key in result and key in reference:
+                per_round = round_ratios(ratio, result[key], reference[key])
+                result[ratio] = median(per_round)
+                if ratio != "step_ratio":
+                    result[ratio.replace("_ratio", "_min_ratio")] = min(reference[key]) / min(result[key])
+                if result is not reference:
+                    result[f"{ratio}_interval"] = bootstrap_median_interval(per_round)
+                    result[f"{ratio}_verdict"] = interval_verdict(result[f"{ratio}_interval"], target)
+
+
+def verdict_lines(results: list[dict]) -> list[str]:
+    """One line per row and timing ratio: the median, its 95% bootstrap interval and the verdict."""
+    lines = []
+    for result in results[1:]:
+        for ratio, _ in RATIOS:
+            if f"{ratio}_verdict" in result:
+                interval = result[f"{ratio}_interval"]
+                shown = f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
+                lines.append(f"{result['row']}: {ratio} {result[ratio]:.3f}{shown}: {result[f'{ratio}_verdict']}")
+    return lines
+
+
+def summarize_file(path: str, target: float) -> dict:
+    """The ratios, intervals and verdicts of an earlier run's JSON, recomputed from its per-round times."""
+    with open(path) as file:
+        report = json.load(file)
+    for shape in report["shapes"]:
+        summarise(shape["results"], target)
+        shape["table"] = print_table(shape["title"], shape["results"])
+    return report
 
 
 def profile_step(model, optimizer, batch, device) -> dict[str, dict]:
@@ -458,6 +509,7 @@ def profile_step(model, optimizer, batch, device) -> dict[str, dict]:
 
 def profile_call(function, device) -> dict[str, dict]:
     """Self time (ms) and call count per operator over one call of `function` (after one unprofiled call)."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -528,12 +580,8 @@ def print_table(title: str, results: list[dict]) -> str:
     columns = [(h, f) for h, f in columns if any(cell(f, r) != "-" for r in results)]
     table_rows = [[cell(f, r) for _, f in columns] for r in results]
     text = f"\n### {title}\n\n" + format_table([h for h, _ in columns], table_rows)
-    resolved = results[0].get("resolved", {})
-    for ratio, ok in resolved.items():
-        floor = next(r for r in results if r["row"] == "MHA (repeat)")[ratio]
-        verdict = "resolved" if ok else "NOT resolved: more repeats or a quieter machine needed"
-        text += (f"\n{ratio}: noise floor (MHA vs MHA) {floor:.3f}, resolution "
-                 f"{100 * results[0]['resolution']:.0f}%: {verdict}")  # fmt: skip
+    if verdict_lines(results):
+        text += "\n\n95% bootstrap intervals over the paired rounds:\n" + "\n".join(verdict_lines(results))
     print(text, flush=True)
     return text
 
@@ -542,21 +590,37 @@ def gpt2_dropout(dropout: float) -> dict:
     return {"resid_pdrop": dropout, "embd_pdrop": dropout, "attn_pdrop": dropout}
 
 
+def measure_decoder(args, device, seq: int, vocab: int, build_rows, title: str) -> dict:
+    """One causal-LM shape: training steps on `seq` tokens and generation from a prompt, for the rows of
+    `build_rows(dropout)`; the shape's title, table and per-row results."""
+    batch = lm_batch(args.batch, seq, vocab, device, seed=seq)
+    prompt = lm_batch(args.gen_batch, args.gen_prompt, vocab, device, seed=1)["input_ids"]
+    results = measure(build_rows(), batch, args, device, generation_prompt=prompt,
+                      memory_batch_builder=lambda dropout: (build_rows(dropout), batch))  # fmt: skip
+    if {"train", "memory"} & set(args.parts):
+        title += f", batch {args.batch} x seq {seq}"
+    if {"generate", "decode", "compiled"} & set(args.parts):
+        title += f"; generation: batch {args.gen_batch}, prompt {args.gen_prompt}, {args.gen_tokens} new tokens"
+    return {"title": title, "table": print_table(title, results), "results": results}
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.summarize:
+        return summarize_file(args.summarize, args.target)
+    import torch
+
     device, machine = set_up_device(args.device, args.threads)
     print(f"speed.py on {machine}; torch {torch.__version__}; args: {vars(args)}", flush=True)
     report = {"machine": machine, "torch": torch.__version__, "args": dict(vars(args)), "shapes": []}
     variants = not args.no_variants
 
     if "gpt2" in args.models:
-        vocab = args.vocab
         for seq in args.seq:
             kwargs = gpt2_config_kwargs(
-                args.layers, args.width, args.heads, max(seq, args.gen_prompt + args.gen_tokens), vocab
+                args.layers, args.width, args.heads, max(seq, args.gen_prompt + args.gen_tokens), args.vocab
             )
-            contexts = args.contexts or GPT2_CONTEXTS
-            contexts = [c for c in contexts if c in GPT2_CONTEXTS]
+            contexts = [c for c in (args.contexts or GPT2_CONTEXTS) if c in GPT2_CONTEXTS]
 
             def build_rows(dropout=0.0, kwargs=kwargs, contexts=contexts):
                 rows = gpt2_rows(
@@ -565,18 +629,8 @@ def main(argv=None):
                 )  # fmt: skip
                 return with_noise_floor(rows)
 
-            batch = lm_batch(args.batch, seq, vocab, device, seed=seq)
-            prompt = lm_batch(args.gen_batch, args.gen_prompt, vocab, device, seed=1)["input_ids"]
-            results = measure(
-                build_rows(), batch, args, device, generation_prompt=prompt,
-                memory_batch_builder=lambda dropout, build_rows=build_rows, batch=batch: (build_rows(dropout), batch),
-            )  # fmt: skip
             title = f"GPT-2 {args.layers} layers x {args.width}, {args.heads} heads"
-            if {"train", "memory"} & set(args.parts):
-                title += f", batch {args.batch} x seq {seq}"
-            if {"generate", "decode", "compiled"} & set(args.parts):
-                title += f"; generation: batch {args.gen_batch}, prompt {args.gen_prompt}, {args.gen_tokens} new tokens"
-            report["shapes"].append({"title": title, "table": print_table(title, results), "results": results})
+            report["shapes"].append(measure_decoder(args, device, seq, args.vocab, build_rows, title))
 
     if "llama" in args.models:
         shape = {"width": 2048, "heads": 32, "kv_heads": 4, "intermediate": 5632, "vocab": 32000, **args.llama_shape}
@@ -589,19 +643,9 @@ def main(argv=None):
                                   metric_hidden_size=args.metric_hidden_size)  # fmt: skip
                 return with_noise_floor(rows)
 
-            batch = lm_batch(args.batch, seq, shape["vocab"], device, seed=seq)
-            prompt = lm_batch(args.gen_batch, args.gen_prompt, shape["vocab"], device, seed=1)["input_ids"]
-            results = measure(
-                build_llama_rows(), batch, args, device, generation_prompt=prompt,
-                memory_batch_builder=lambda dropout, build=build_llama_rows, batch=batch: (build(dropout), batch),
-            )  # fmt: skip
             title = (f"Llama (TinyLlama widths) {args.llama_layers} layers x {shape['width']}, {shape['heads']} query / "
                      f"{shape['kv_heads']} key-value heads")  # fmt: skip
-            if {"train", "memory"} & set(args.parts):
-                title += f", batch {args.batch} x seq {seq}"
-            if {"generate", "decode", "compiled"} & set(args.parts):
-                title += f"; generation: batch {args.gen_batch}, prompt {args.gen_prompt}, {args.gen_tokens} new tokens"
-            report["shapes"].append({"title": title, "table": print_table(title, results), "results": results})
+            report["shapes"].append(measure_decoder(args, device, seq, shape["vocab"], build_llama_rows, title))
 
     if "vit" in args.models:
         kwargs = vit_config_kwargs(args.image_size, 16, 3, args.layers, args.vit_width, args.vit_heads, 1000)

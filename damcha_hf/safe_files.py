@@ -423,11 +423,6 @@ class FolderLock:
         self.lock_file, self.created = lock_file, created
         self.descriptor: int | None = None
 
-    @classmethod
-    def unheld(cls) -> FolderLock:
-        """A lock this process does not take (another process of the same launch holds it); `release` does nothing."""
-        return cls(Path(os.devnull), [])
-
     def release(self) -> None:
         if self.descriptor is None:
             return
@@ -439,6 +434,26 @@ class FolderLock:
         for folder in self.created:  # folders made for the lock only, left empty
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+def lock_holder(lock_file: str | os.PathLike) -> str | None:
+    """The process id written in `lock_file` when another process holds its lock, else None (nothing is locked)."""
+    import fcntl
+
+    lock_file = Path(lock_file).absolute()
+    if str(lock_file) in _held_locks:
+        return None
+    try:
+        descriptor = os.open(lock_file, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(descriptor, 64, 0).decode("ascii", "replace").strip() or "unknown"
+    finally:
+        os.close(descriptor)  # drops the shared lock taken for the test
+    return None
 
 
 def hold_lock(lock_file: str | os.PathLike, *, what: str) -> FolderLock:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import fnmatch
+import functools
 import glob
 import os
 import sys
@@ -216,12 +217,8 @@ def parse_checked(parser: argparse.ArgumentParser, argv=None, *, run_name=None) 
         parser.error(f"--resume {args.resume}: no such checkpoint folder")
     if args.resume_weights_only and not args.resume:
         parser.error("--resume-weights-only applies to --resume; add --resume, or leave it out to start a new run")
-    args.run_lock = hold_run_folder(parser, args.output_dir)
-    try:
-        check_run_folder_contents(parser, args)
-    except BaseException:
-        args.run_lock.release()
-        raise
+    hold_run_folder(parser, args.output_dir)
+    check_run_folder_contents(parser, args)
     if args.push_to_hub:
         offline = [name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
                    if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")]  # fmt: skip
@@ -237,18 +234,46 @@ def parse_checked(parser: argparse.ArgumentParser, argv=None, *, run_name=None) 
     return args
 
 
-def hold_run_folder(parser: argparse.ArgumentParser, output_dir: str):
-    """One run per --output-dir: check the path (not a file, the current folder or its parents; creatable), lock
-    the folder (`safe_files.hold_lock`, refusing a second run by the first's process id) and finish what a killed
-    save left in it. Under a multi-process launch only the first process does so; the others run under its lock."""
+# The --output-dir locks of the recipe runs in progress in this process, one list per `holding_run_folder` call.
+_run_locks: list[list] = []
+
+
+def holding_run_folder(main):
+    """Decorate a recipe's `main(argv)`: a run. Its parsing (`parse_checked`) locks --output-dir for it; the lock
+    is released when `main` returns or fails, so a run that fails leaves no lock file, nor a folder made for it.
+    Parsing outside a run (e.g. `parse_args` alone) only checks that no other run holds the folder."""
+
+    @functools.wraps(main)
+    def run(argv=None):
+        locks = []
+        _run_locks.append(locks)
+        try:
+            return main(argv)
+        finally:
+            _run_locks.remove(locks)
+            for lock in locks:
+                lock.release()
+
+    return run
+
+
+def hold_run_folder(parser: argparse.ArgumentParser, output_dir: str) -> None:
+    """One run per --output-dir: check the path (not a file, the current folder or its parents; creatable), refuse
+    it while another run holds it (naming that run's process id) and, in a run (`holding_run_folder`), lock it
+    (`safe_files.hold_lock`) and finish what a killed save left in it. Under a multi-process launch only the first
+    process does so; the others run under its lock."""
     checks.check_output(parser, safe_files.check_run_folder, output_dir, argument="--output-dir",
                         written=RUN_FOLDER_ENTRIES + LEFTOVER_ENTRIES, checkpoints=())  # fmt: skip
-    if os.environ.get("RANK", "0") != "0":
-        return safe_files.FolderLock.unheld()
-    lock = checks.check_output(parser, safe_files.hold_lock, os.path.join(output_dir, safe_files.RUN_LOCK_FILE),
-                               what=f"--output-dir {output_dir}")  # fmt: skip
+    lock_file = os.path.join(output_dir, safe_files.RUN_LOCK_FILE)
+    if not _run_locks or os.environ.get("RANK", "0") != "0":
+        holder = safe_files.lock_holder(lock_file)
+        if holder is not None:
+            parser.error(f"--output-dir {output_dir} is in use by another run (process {holder}, which holds "
+                         f"{lock_file}); wait for it to finish, or choose another folder")  # fmt: skip
+        return
+    lock = checks.check_output(parser, safe_files.hold_lock, lock_file, what=f"--output-dir {output_dir}")
+    _run_locks[-1].append(lock)
     safe_files.recover_interrupted_saves(os.path.abspath(output_dir), run_folder_entry, held=True)
-    return lock
 
 
 # What a killed save leaves in the run folder (`safe_files.recover_interrupted_saves` restores or removes it).

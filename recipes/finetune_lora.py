@@ -131,6 +131,7 @@ LORA_RESUME_FLAGS = {**{field: field for field in common.METRIC_FIELDS}, "lora_r
                      "lora_alpha": "lora_alpha", "freeze_generator": "freeze_generator"}  # fmt: skip
 
 
+@common.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
     resume = common.resolve_resume(args.resume, args.output_dir)

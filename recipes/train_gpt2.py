@@ -62,6 +62,7 @@ def build_model(args, tokenizer):
     return model
 
 
+@common.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
     resume = common.resolve_resume(args.resume, args.output_dir)

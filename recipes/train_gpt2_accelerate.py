@@ -100,6 +100,7 @@ def _evaluate(model, loader, accelerator, byte_lengths) -> dict:
             "eval_bits_per_byte": results["bits_per_byte"]}  # fmt: skip
 
 
+@common.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
     resume = common.resolve_resume(args.resume, args.output_dir, marker=STATE_FILE)

@@ -90,6 +90,7 @@ def build_model(args, labels, channels, image_size):
     return AutoModelForImageClassification.from_config(config)
 
 
+@common.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
     resume = common.resolve_resume(args.resume, args.output_dir)

@@ -71,6 +71,12 @@ def recipe_refusal(name: str, argv: list[str], capsys) -> str:
     return one_error_line(capsys.readouterr().err)
 
 
+def start_run(argv: list[str], name: str = "train_gpt2"):
+    """Parse as a run of the recipe does (locking --output-dir and finishing what a killed save left), then end it."""
+    recipe = load_recipe(name)
+    return recipe.common.holding_run_folder(recipe.parse_args)(argv)
+
+
 def dead_pid() -> int:
     """The id of a process that has ended (what a killed save leaves in its temporary names)."""
     process = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -210,8 +216,7 @@ def test_a_run_folder_left_by_a_killed_save_works_at_the_next_start(tmp_path, ol
     run = run_folder_with(tmp_path, old_and_new, state)
     old, new = old_and_new
     capsys.readouterr()
-    args = load_recipe("train_gpt2").parse_args(["--output-dir", str(run), flag])
-    args.run_lock.release()
+    start_run(["--output-dir", str(run), flag])
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and "interrupted" in said[0], said
     assert sorted(path.name for path in run.iterdir()) == ["eval_results.json", "final"]
@@ -282,8 +287,7 @@ def test_a_save_killed_by_sigkill_is_recovered_by_the_next_run(tmp_path, point, 
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
     assert any(path.name.startswith(".final.") for path in run.iterdir())
     capsys.readouterr()
-    args = load_recipe("train_gpt2").parse_args(["--output-dir", str(run), "--overwrite-output-dir"])
-    args.run_lock.release()
+    start_run(["--output-dir", str(run), "--overwrite-output-dir"])
     assert "interrupted" in one_error_line(capsys.readouterr().err)
     assert sorted(path.name for path in run.iterdir()) == ["final"]
     layers = json.loads((run / "final" / "config.json").read_text())["n_layer"]
@@ -301,9 +305,13 @@ HOLD_FOLDER = textwrap.dedent(
     import sys
     sys.path.insert(0, {recipes!r})
     import train_gpt2
-    train_gpt2.parse_args(["--output-dir", {output!r}, "--overwrite-output-dir"])
-    print("holding", flush=True)
-    sys.stdin.read()
+
+    def run(argv):
+        train_gpt2.parse_args(argv)
+        print("holding", flush=True)
+        sys.stdin.read()
+
+    train_gpt2.common.holding_run_folder(run)(["--output-dir", {output!r}, "--overwrite-output-dir"])
     """
 )
 
@@ -322,8 +330,8 @@ def test_a_second_run_on_a_folder_is_refused_naming_the_first(tmp_path, capsys):
     finally:
         first.communicate("")
     assert not output.exists()  # the first run made the folder for its lock only, and removed both
-    args = load_recipe("train_gpt2").parse_args(["--output-dir", str(output)])  # free again
-    args.run_lock.release()
+    start_run(["--output-dir", str(output)])  # free again
+    assert not output.exists()
 
 
 def test_a_killed_run_leaves_its_folder_free(tmp_path):
@@ -335,8 +343,9 @@ def test_a_killed_run_leaves_its_folder_free(tmp_path):
     assert first.stdout.readline().strip() == "holding"
     first.kill()
     first.wait()
-    args = load_recipe("train_gpt2").parse_args(["--output-dir", str(output)])
-    args.run_lock.release()
+    assert (output / ".damcha-hf-run.lock").is_file()  # left by the kill, but no longer locked by anyone
+    start_run(["--output-dir", str(output)])
+    assert list(output.iterdir()) == []  # the stale lock file is gone; the folder the killed run made stays, empty
 
 
 # ------------------------------------------------------------------------------ damaged inputs (items 4 and 8)

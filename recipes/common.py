@@ -264,8 +264,10 @@ def hold_run_folder(parser: argparse.ArgumentParser, output_dir: str) -> None:
     process does so; the others run under its lock."""
     checks.check_output(parser, safe_files.check_run_folder, output_dir, argument="--output-dir",
                         written=RUN_FOLDER_ENTRIES + LEFTOVER_ENTRIES, checkpoints=())  # fmt: skip
+    if os.environ.get("RANK", "0") != "0":  # a later process of a launch: its first process holds the folder
+        return
     lock_file = os.path.join(output_dir, safe_files.RUN_LOCK_FILE)
-    if not _run_locks or os.environ.get("RANK", "0") != "0":
+    if not _run_locks:
         holder = safe_files.lock_holder(lock_file)
         if holder is not None:
             parser.error(f"--output-dir {output_dir} is in use by another run (process {holder}, which holds "

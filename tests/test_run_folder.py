@@ -2,7 +2,6 @@
 kill, one run per folder, damaged inputs named in one line, resumes that check their state, output paths checked
 while parsing."""
 
-import importlib.util
 import json
 import os
 import re
@@ -13,12 +12,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-import huggingface_hub
 import pytest
-from conftest import randomize_metric, tiny_damcha_gpt2_config
 from huggingface_hub import HfApi
+from test_hub import online  # noqa: F401 (a fixture)
+from test_safety import RECIPE_NAMES, TINY, USER_BYTES, load_recipe, one_error_line, snapshot, tiny_lm
 
-import damcha_hf
 from damcha_hf import hub
 from damcha_hf.cli import main as cli_main
 from damcha_hf.hub.push import without_secret
@@ -26,34 +24,6 @@ from damcha_hf.safe_files import SAVE_RECORD_FILE, CorruptFileError, UnsafeOutpu
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
-RECIPE_NAMES = ("train_gpt2", "train_gpt2_accelerate", "train_vit", "finetune_lora")
-USER_BYTES = b"mine, not the program's \x00\xff"
-TINY = ["--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--block-size", "32", "--batch-size", "8",
-        "--learning-rate", "3e-3", "--logging-steps", "1", "--max-eval-samples", "8", "--num-threads", "1"]  # fmt: skip
-
-
-def load_recipe(name: str):
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", RECIPES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def tiny_lm(**overrides):
-    model = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(**overrides)).eval()
-    randomize_metric(model, scale=0.3)
-    return model
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
-
-
-def one_error_line(captured: str) -> str:
-    lines = [line for line in captured.splitlines() if line.strip()]
-    assert len(lines) == 1, captured
-    assert "Traceback" not in captured
-    return lines[0]
 
 
 def exit_code_and_line(argv, capsys) -> tuple[int, str]:
@@ -401,10 +371,8 @@ def test_init_from_and_base_name_a_damaged_checkpoint_in_one_line(damaged, tmp_p
         )
 
 
-def test_push_names_a_damaged_config_or_weight_file(damaged, tmp_path, capsys, monkeypatch):
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.setenv(name, "0")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+@pytest.mark.usefixtures("online")
+def test_push_names_a_damaged_config_or_weight_file(damaged, tmp_path, capsys):
     broken = saved(tmp_path / "broken-config", 1)
     (broken / "config.json").write_text('{"model_type": "damcha_gpt2", ')
     capsys.readouterr()
@@ -520,10 +488,8 @@ def test_any_long_piece_of_the_token_is_masked():
         assert token[start : start + 8] not in masked
 
 
+@pytest.mark.usefixtures("online")
 def test_push_error_masks_a_token_cut_short(tmp_path, monkeypatch, capsys):
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.setenv(name, "0")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     token = "hf_SECRETsecretSECRET1234"
 
     def unauthorized(self, *args, **kwargs):

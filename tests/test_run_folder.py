@@ -519,3 +519,47 @@ def test_data_that_is_not_text_is_refused_while_parsing(tmp_path, capsys):
         code, line = exit_code_and_line(["demo", "--data", data, "--output-dir", str(tmp_path / "d")], capsys)
         assert code == 2 and expected in line, line
     assert not (tmp_path / "o").exists() and not (tmp_path / "d").exists()
+
+
+def test_accelerate_resume_checks_its_state_and_can_continue_from_the_weights_alone(trained_run, tmp_path, capsys):
+    recipe = load_recipe("train_gpt2_accelerate")
+    run = tmp_path / "accelerate"
+    corpus = trained_run.parent / "corpus.txt"
+    argv = ["--data", str(corpus), *TINY, "--output-dir", str(run), "--max-steps", "2", "--save-steps", "2"]
+    recipe.main(argv)
+    trained_checksum = (run / "parameter_sha256_rank0.txt").read_text()
+    (run / "checkpoint-2" / "optimizer.bin").unlink()
+    with pytest.raises(ValueError, match=r"optimizer\.bin \(optimizer state\) is missing.*--resume-weights-only"):
+        recipe.main([*argv, "--resume"])
+    # From the weights alone, with no step left to train: the model is the checkpoint's, parameter for parameter.
+    (run / "parameter_sha256_rank0.txt").unlink()
+    result = recipe.main([*argv, "--resume", "--resume-weights-only"])
+    assert result["global_step"] == 2
+    assert (run / "parameter_sha256_rank0.txt").read_text() == trained_checksum
+
+
+HOLD_DEMO_FOLDER = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {repo!r})
+    from damcha_hf_cli import light_import
+    light_import("damcha_hf.safe_files").hold_lock({lock!r}, what="demo")
+    print("holding", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def test_a_second_demo_on_a_folder_is_refused_naming_the_first(tmp_path, capsys):
+    output = tmp_path / "ow"
+    first = subprocess.Popen(
+        [sys.executable, "-c", HOLD_DEMO_FOLDER.format(repo=str(REPO), lock=str(tmp_path / ".ow.lock"))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert first.stdout.readline().strip() == "holding"
+        code, line = exit_code_and_line(["demo", "--output-dir", str(output), "--max-steps", "1"], capsys)
+        assert code == 2 and f"in use by another run (process {first.pid}" in line, line
+    finally:
+        first.communicate("")
+    assert sorted(path.name for path in tmp_path.iterdir()) == []

@@ -188,9 +188,9 @@ def check_writable_location(path: Path, *, argument: str = "") -> None:
 
 # ------------------------------------------------------------------------------------------ what a save wrote
 
-# Written last by every checkpoint save: the names of the files that save wrote. Only they are ever replaced (or
-# pushed) later; a checkpoint without it (plain `save_pretrained`, or a save of a damcha-hf release before the record)
-# is never replaced, since its files cannot be told from files a user put beside them.
+# Written last by every checkpoint save: the names of the files that save wrote. Only they are ever replaced later;
+# a checkpoint without it (plain `save_pretrained`, or a save of a damcha-hf release before the record) is never
+# replaced, since its files cannot be told from files a user put beside them.
 SAVE_RECORD_FILE = ".damcha-hf-files.json"
 
 

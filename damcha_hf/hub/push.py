@@ -153,8 +153,9 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
     """`{path in repo: local file}` of what a push uploads: weights, config, code, preprocessor, card, images.
 
     Only the checkpoint's own files, by exact name: the weights its loader reads (the shards its safetensors index
-    lists, else `model.safetensors`), never any other `*.safetensors` of the folder. Raises `HubPushError` when the folder is not a complete safetensors checkpoint with its
-    code, and `CorruptFileError` (naming the file) for a damaged config or weight file.
+    lists, else `model.safetensors`), never any other `*.safetensors` of the folder. Raises `HubPushError` when the
+    folder is not a complete safetensors checkpoint with its code, and `CorruptFileError` (naming the file) for a
+    damaged config or weight file.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -176,10 +177,7 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
             f"{folder} has no safetensors weights{hint}; re-save with `model.save_pretrained(folder)`, which writes "
             "model.safetensors."
         )
-    saved_config = read_json_file(folder / "config.json", "a config")
-    if not isinstance(saved_config, dict):
-        raise CorruptFileError(f"{folder / 'config.json'}: not a config (a JSON object)")
-    saved_auto_map = saved_config.get("auto_map") or {}
+    saved_auto_map = read_json_file(folder / "config.json").get("auto_map") or {}  # a JSON object: checked above
     for key, reference in saved_auto_map.items():  # refuse absolute or `..` references, even those the push drops
         auto_map_module(key, reference)
     config, _ = completed_config(folder)

@@ -297,6 +297,10 @@ def test_a_second_run_on_a_folder_is_refused_naming_the_first(tmp_path, capsys):
         for flag in ("--overwrite-output-dir", "--resume"):
             line = recipe_refusal("train_gpt2", ["--output-dir", str(output), flag, "--seed", "1"], capsys)
             assert f"in use by another run (process {first.pid}" in line
+            with pytest.raises(SystemExit) as exit_info:  # as a run: its lock is refused
+                start_run(["--output-dir", str(output), flag, "--seed", "1"])
+            assert exit_info.value.code == 2
+            assert f"in use by another run (process {first.pid}" in one_error_line(capsys.readouterr().err)
     finally:
         first.communicate("")
     assert not output.exists()  # the first run made the folder for its lock only, and removed both

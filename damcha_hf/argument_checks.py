@@ -140,19 +140,58 @@ def repo_id_error(text: str) -> str | None:
 
 
 def text_data_source(text: str) -> str:
-    """`--data` of a text recipe: 'stdlib', 'gcide', or an existing file, folder or glob that matches files."""
+    """`--data` of a text recipe: 'stdlib', 'gcide', or an existing file, folder or glob that matches files; a file
+    given (or matched) must hold text."""
     import glob
     import os
 
-    if (
-        text in ("stdlib", "gcide")
-        or os.path.exists(text)
-        or (glob.has_magic(text) and glob.glob(text, recursive=True))
-    ):
+    if text in ("stdlib", "gcide"):
+        return text
+    if os.path.exists(text):
+        if not os.path.isfile(text) and not os.path.isdir(text):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a regular file or folder (a device, pipe or socket); give a text file, a folder of "
+                ".txt files or a glob"
+            )
+        if os.path.isfile(text):
+            check_text_file(text)
+        return text
+    matches = glob.glob(text, recursive=True) if glob.has_magic(text) else []
+    if matches:
+        for path in matches[:TEXT_FILES_CHECKED]:
+            if os.path.isfile(path):
+                check_text_file(path)
         return text
     raise argparse.ArgumentTypeError(
         f"{text!r} is neither 'stdlib', 'gcide', an existing text file or folder, nor a glob that matches files"
     )
+
+
+# How much of a --data file, and how many files of a glob, are read to tell text from a binary file.
+TEXT_SAMPLE_BYTES = 1 << 16
+TEXT_FILES_CHECKED = 100
+# Text in a legacy 8-bit encoding has a few bytes that are not UTF-8 (accented letters); random bytes or a binary
+# file have far more.
+MAX_UNDECODABLE_SHARE = 0.1
+
+
+def check_text_file(path: str) -> None:
+    """Refuse (`ArgumentTypeError`) an empty file or one that is not text: NUL bytes (an executable, an archive, an
+    image) or mostly bytes that are not UTF-8."""
+    import codecs
+
+    with open(path, "rb") as handle:
+        sample = handle.read(TEXT_SAMPLE_BYTES)
+    if not sample:
+        raise argparse.ArgumentTypeError(f"{path!r} is empty; give a file holding text")
+    decoded = codecs.getincrementaldecoder("utf-8")("replace").decode(sample, final=False)
+    undecodable = decoded.count("\ufffd") / max(1, len(decoded))
+    if b"\0" in sample or undecodable > MAX_UNDECODABLE_SHARE:
+        kind = "it holds NUL bytes" if b"\0" in sample else f"{undecodable:.0%} of its first bytes are not UTF-8"
+        raise argparse.ArgumentTypeError(
+            f"{path!r} is not a text file ({kind}: a binary file such as a program, an archive or an image); give a "
+            "UTF-8 text file, a folder of .txt files or a glob of them"
+        )
 
 
 def heads_divide_width_error(width: int, heads: int, *, width_flag: str, heads_flag: str) -> str | None:
@@ -175,10 +214,11 @@ def check_heads_divide_width(
 
 
 def check_output(parser: argparse.ArgumentParser, check, *args, **kwargs):
-    """Run a `damcha_hf.safe_files` check; its `UnsafeOutputError` becomes `parser.error` (one line, exit code 2)."""
+    """Run a `damcha_hf.safe_files` check; its `UnsafeOutputError` or `CorruptFileError` becomes `parser.error` (one
+    line, exit code 2)."""
     try:
         return check(*args, **kwargs)
-    except OSError as error:
+    except (OSError, ValueError) as error:
         parser.error(str(error))
 
 

@@ -1,14 +1,22 @@
-"""Writing files without losing any: atomic writes, and the checks that an output folder may be written or replaced.
+"""Writing files without losing any: atomic writes, saves that survive a kill, one run per folder, and the checks
+that an output folder may be written or replaced and that an input file is not damaged.
 
-The project's rule: no command or function deletes or overwrites a file it did not write. Two helpers enforce it:
+The project's rule: no command or function deletes or overwrites a file it did not write. The helpers enforce it:
 
 - `atomic_path` / `atomic_write`: a file is written under a temporary name beside its target and renamed onto it, so
   it is never left half-written. Temporary files and folders are created with the permissions the umask allows (not
   `tempfile`'s forced 0600/0700), so checkpoints and images are as readable as any other file the user writes.
+- `write_save_record`: a checkpoint save lists the files it wrote in `SAVE_RECORD_FILE`, written last; a folder is
+  replaced only when it holds nothing but what its record lists.
 - `check_checkpoint_folder` (a folder that is replaced as a whole, e.g. `save_hub_checkpoint`'s or the demo's) and
   `check_run_folder` (a folder a training recipe writes into): they refuse, before any training starts, a path that is
-  a file, the current folder, one of its parents, the home folder, or a folder holding files the program did not write,
-  with the path and the fix.
+  a file, cannot be created, is the current folder, one of its parents, the home folder, or a folder holding files
+  the program did not write, with the path and the fix.
+- `recover_interrupted_saves`: what a killed save left (`.NAME.tmp-*`, `.NAME.old-*`) is restored or removed on the
+  next start, said in one line.
+- `hold_lock`: one run per output folder (`fcntl`), refusing a second one by the process id of the first.
+- `check_checkpoint_files`, `check_safetensors_file`, `check_pickled_archive`, `read_json_file`, `reading`: a
+  truncated, garbage or mismatched input file becomes one `CorruptFileError` line naming the file and the fault.
 
 Standard library only, so the command line and the recipes check their output paths while parsing arguments, before
 torch or transformers are imported.
@@ -16,16 +24,21 @@ torch or transformers are imported.
 
 from __future__ import annotations
 
-import ast
+import atexit
 import contextlib
 import fnmatch
 import json
+import logging
+import math
 import os
+import re
 import secrets
+import shutil
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-# What a checkpoint save writes (`save_pretrained`, `save_hub_checkpoint`), besides the weights and the model code.
+# The files of a checkpoint a push uploads (`damcha_hf.hub.upload_plan`), besides the weights and the model code.
 CARD_FILE = "README.md"
 LOSS_CURVE_FILE = "loss_curve.png"
 METRIC_HEATMAP_FILE = "metric_heatmap.png"
@@ -45,8 +58,6 @@ PREPROCESSOR_FILES = (
     "image_processor_config.json",
     "processor_config.json",
 )
-CHECKPOINT_FILES = (*CONFIG_FILES, *PREPROCESSOR_FILES, CARD_FILE, LOSS_CURVE_FILE, METRIC_HEATMAP_FILE)
-CHECKPOINT_PATTERNS = ("*.safetensors", "*.safetensors.index.json")
 # The model_type prefix of this plugin's configs: a folder is "an earlier checkpoint of this plugin" only with it.
 MODEL_TYPE_PREFIX = "damcha_"
 
@@ -157,31 +168,59 @@ def _describe(names: list[str]) -> str:
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def code_files_of(folder: Path, config: dict) -> set[str]:
-    """Python files of `folder` that its `config.json`'s `auto_map` names (as plain module names), and what they
-    import with single-dot relative imports: the remote code a save copies next to the weights."""
-    auto_map = config.get("auto_map") or {}
-    pending = []
-    for reference in auto_map.values() if isinstance(auto_map, dict) else ():
-        if isinstance(reference, str):
-            module = reference.split("--")[-1].rpartition(".")[0]
-            if module.isidentifier():
-                pending.append(module)
-    found: set[str] = set()
-    while pending:
-        name = f"{pending.pop()}.py"
-        path = folder / name
-        if name in found or path.is_symlink() or not path.is_file():
-            continue
-        found.add(name)
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module and node.module.isidentifier():
-                pending.append(node.module)
-    return found
+def check_writable_location(path: Path, *, argument: str = "") -> None:
+    """Refuse, while parsing, an output path that cannot be created: its nearest existing parent must be a folder
+    this user may write into (`/etc/passwd/x` is refused at once, not after training)."""
+    existing = path
+    while not existing.exists() and not existing.is_symlink() and existing != existing.parent:
+        existing = existing.parent
+    if existing != path and not existing.is_dir():
+        raise UnsafeOutputError(
+            f"{_subject(argument, path)} cannot be created: {existing} is a file, not a folder; choose a path inside "
+            "a folder you can write to."
+        )
+    if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        raise UnsafeOutputError(
+            f"{_subject(argument, path)} cannot be written: {existing} is not writable for this user; choose a path "
+            "inside a folder you can write to."
+        )
+
+
+# ------------------------------------------------------------------------------------------ what a save wrote
+
+# Written last by every checkpoint save: the names of the files that save wrote. Only they are ever replaced later;
+# a checkpoint without it (plain `save_pretrained`, or a save of a damcha-hf release before the record) is never
+# replaced, since its files cannot be told from files a user put beside them.
+SAVE_RECORD_FILE = ".damcha-hf-files.json"
+
+
+class CorruptFileError(ValueError):
+    """A file that cannot be read as what it should be (truncated, garbage, of the wrong shape); the message names
+    the file and what is wrong with it."""
+
+
+def write_save_record(folder: str | os.PathLike) -> Path:
+    """Record the files of `folder` (a staging folder holding only what the save just wrote) as the save's own."""
+    folder = Path(folder)
+    names = sorted(entry.name for entry in folder.iterdir() if entry.name != SAVE_RECORD_FILE)
+    return write_json(folder / SAVE_RECORD_FILE, {"written_by": "damcha-hf", "files": names})
+
+
+def saved_files(folder: str | os.PathLike) -> list[str] | None:
+    """The file names the save record of `folder` lists, or None when it has no record. A record that is not a
+    readable list of plain file names raises `CorruptFileError` naming it."""
+    path = Path(folder) / SAVE_RECORD_FILE
+    if not path.exists() and not path.is_symlink():
+        return None
+    record = read_json_file(path, "the record of the files a save wrote")
+    names = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(names, list) or not all(isinstance(name, str) and _plain_name(name) for name in names):
+        raise CorruptFileError(f"{path}: not a record of the files a save wrote (no list of plain file names)")
+    return names
+
+
+def _plain_name(name: str) -> bool:
+    return name == os.path.basename(name) and name not in ("", ".", "..") and "\\" not in name
 
 
 def read_checkpoint_config(folder: Path) -> dict | None:
@@ -196,36 +235,30 @@ def read_checkpoint_config(folder: Path) -> dict | None:
     return config if isinstance(config, dict) else None
 
 
-def foreign_entries(folder: Path, also_written: Iterable[str] = ()) -> list[str]:
-    """Entries of `folder` that are not part of an earlier checkpoint of this plugin (all of them when `folder` has
-    no `damcha_*` config.json): what replacing the folder would destroy."""
+def foreign_entries(folder: Path) -> list[str]:
+    """Entries of `folder` that no save of this plugin recorded as its own (all of them without a readable save
+    record): what replacing the folder would destroy."""
     entries = sorted(entry.name for entry in folder.iterdir())
-    config = read_checkpoint_config(folder)
-    if config is None or not str(config.get("model_type", "")).startswith(MODEL_TYPE_PREFIX):
+    try:
+        recorded = saved_files(folder)
+    except CorruptFileError:
+        recorded = None
+    if recorded is None:
         return entries
-    ours = set(CHECKPOINT_FILES) | set(also_written) | code_files_of(folder, config)
-    foreign = []
-    for name in entries:
-        path = folder / name
-        written = name in ours or any(fnmatch.fnmatchcase(name, pattern) for pattern in CHECKPOINT_PATTERNS)
-        if not written or path.is_symlink() or not path.is_file():
-            foreign.append(name)
-    return foreign
+    ours = {*recorded, SAVE_RECORD_FILE}
+    return [
+        name for name in entries if name not in ours or (folder / name).is_symlink() or not (folder / name).is_file()
+    ]
 
 
-def check_checkpoint_folder(
-    folder: str | os.PathLike,
-    *,
-    argument: str = "folder",
-    replace: bool = True,
-    also_written: Iterable[str] = (),
-) -> Path:
+def check_checkpoint_folder(folder: str | os.PathLike, *, argument: str = "folder", replace: bool = True) -> Path:
     """Check, before any work, that `folder` may receive a checkpoint that replaces it as a whole; return it absolute.
 
-    Allowed: a missing path, an empty folder, or (with `replace`) a folder that holds nothing but an earlier
-    checkpoint of this plugin (a `damcha_*` config.json, the files a save writes and the `also_written` names the
-    caller writes beside them). Refused with `UnsafeOutputError`: a file, a symbolic link, the current folder, one
-    of its parents, the home folder, and any folder holding other files (named in the message).
+    First finishes what an interrupted save of this folder left beside it (`recover_interrupted_saves`). Allowed: a
+    missing path (inside a writable folder), an empty folder, or (with `replace`) a folder that holds nothing but the
+    files an earlier save of this plugin recorded (`SAVE_RECORD_FILE`). Refused with `UnsafeOutputError`: a file, a
+    symbolic link, the current folder, one of its parents, the home folder, a path that cannot be created, and any
+    folder holding other files (named in the message).
     """
     path = Path(folder).expanduser().absolute()
     if path.is_symlink():
@@ -242,13 +275,25 @@ def check_checkpoint_folder(
             f"{_subject(argument, path)} is the current folder, one of its parents or the home folder, which a checkpoint "
             f"save would replace as a whole; choose a new subfolder, e.g. {path / 'damcha-checkpoint'}."
         )
+    check_writable_location(path, argument=argument)
+    if path.parent.is_dir():
+        recover_interrupted_saves(path.parent, lambda name: name == path.name)
     if not path.is_dir() or not any(path.iterdir()):
         return path
-    foreign = foreign_entries(path, also_written)
+    foreign = foreign_entries(path)
     if foreign:
+        config = read_checkpoint_config(path)
+        unrecorded = not (path / SAVE_RECORD_FILE).is_file() and config is not None
+        hint = ""
+        if unrecorded and str(config.get("model_type", "")).startswith(MODEL_TYPE_PREFIX):
+            hint = (
+                f" (a checkpoint saved without the record of its files, {SAVE_RECORD_FILE}, by `save_pretrained` or an "
+                "older damcha-hf: its files cannot be told from files put beside them, so it is never replaced; move "
+                "it away first)"
+            )
         raise UnsafeOutputError(
-            f"{_subject(argument, path)} holds files that are not a damcha-hf checkpoint ({_describe(foreign)}); saving would "
-            "replace the folder as a whole, so it is refused. Choose a new or empty folder."
+            f"{_subject(argument, path)} holds files that are not a damcha-hf checkpoint's own ({_describe(foreign)})"
+            f"{hint}; saving would replace the folder as a whole, so it is refused. Choose a new or empty folder."
         )
     if not replace:
         raise UnsafeOutputError(
@@ -270,14 +315,21 @@ def check_run_folder(
     `written` are the names (glob patterns) the recipe writes directly in `folder` (e.g. `checkpoint-*`,
     `eval_results.json`); `checkpoints` those among them that are checkpoint folders it replaces as a whole (e.g.
     `final`), checked with `check_checkpoint_folder`. Anything else in `folder` means it belongs to someone else:
-    refused with `UnsafeOutputError` naming the files, as are a file path and the home folder or its parents.
+    refused with `UnsafeOutputError` naming the files, as are a file path, a path that cannot be created, and the
+    current folder, its parents and the home folder. A run's lock file (`RUN_LOCK_FILE`) counts as the recipe's.
     """
     path = Path(folder).expanduser().absolute()
-    written, checkpoints = tuple(written), tuple(checkpoints)
+    written, checkpoints = (*written, RUN_LOCK_FILE), tuple(checkpoints)
     if path.exists() and not path.is_dir():
         raise UnsafeOutputError(
             f"{_subject(argument, path)} is a file, not a folder; choose a folder path (it is created if missing)."
         )
+    if path.resolve() in protected_folders():
+        raise UnsafeOutputError(
+            f"{_subject(argument, path)} is the current folder, one of its parents or the home folder; a run writes "
+            f"checkpoints and results into its folder, so choose a new subfolder, e.g. {path / 'runs' / 'my-run'}."
+        )
+    check_writable_location(path, argument=argument)
     if not path.is_dir():
         return path
     entries = sorted(entry.name for entry in path.iterdir())
@@ -293,13 +345,366 @@ def check_run_folder(
     return path
 
 
+# ------------------------------------------------------------------------------------------- interrupted saves
+
+# The temporary names of `_temporary_name` (`.NAME.tmp-PID-HEX`, a save in progress) and of a folder moved aside
+# while a new one takes its place (`.NAME.old-PID-HEX`).
+_LEFTOVER = re.compile(r"\.(?P<target>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}")
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def recover_interrupted_saves(parent: Path, is_target=None, *, held: bool = False) -> str | None:
+    """Finish what saves into `parent` left when they were killed, and say so in one line on stderr (returned).
+
+    A save writes `NAME` under `.NAME.tmp-PID-HEX` and renames it into place; a folder it replaces is first moved to
+    `.NAME.old-PID-HEX` and deleted once the new one is in place. So: with `NAME` missing, its `.old` copy is the
+    last complete checkpoint and is renamed back (a save cut short leaves what was there before it); every other
+    leftover is an unfinished save or a copy already replaced, and is deleted. Only leftovers whose `NAME` passes
+    `is_target` are touched, and (unless the caller holds `parent`'s run lock, `held`) only those of processes no
+    longer running, so a save in progress elsewhere is left alone.
+    """
+    groups: dict[str, list[tuple[str, Path]]] = {}
+    for entry in Path(parent).iterdir():
+        match = _LEFTOVER.fullmatch(entry.name)
+        if match is None or entry.is_symlink() or (is_target is not None and not is_target(match["target"])):
+            continue
+        if not held and _process_alive(int(match["pid"])):
+            continue
+        groups.setdefault(match["target"], []).append((match["kind"], entry))
+    restored, removed = [], []
+    for target, leftovers in sorted(groups.items()):
+        destination = Path(parent) / target
+        copies = [entry for kind, entry in leftovers if kind == "old" and entry.is_dir()]
+        if copies and not destination.exists() and not destination.is_symlink():
+            newest = max(copies, key=lambda entry: entry.stat().st_mtime)
+            os.replace(newest, destination)
+            restored.append(target)
+            leftovers = [(kind, entry) for kind, entry in leftovers if entry != newest]
+        for _, entry in leftovers:
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+            removed.append(entry.name)
+    if not restored and not removed:
+        return None
+    done = []
+    if restored:
+        done.append(f"restored {', '.join(name + '/' for name in restored)} as it was before the save")
+    if removed:
+        done.append(f"removed {len(removed)} unfinished or replaced temporary copies ({_describe(removed)})")
+    message = f"{parent}: an earlier save was interrupted; " + "; ".join(done)
+    print(message, file=sys.stderr, flush=True)
+    return message
+
+
+# ----------------------------------------------------------------------------------------------- one run per folder
+
+RUN_LOCK_FILE = ".damcha-hf-run.lock"
+_held_locks: dict[str, FolderLock] = {}
+
+
+class FolderLock:
+    """An exclusive `fcntl` lock on a lock file, held until `release()` or the end of the process (the kernel drops
+    it when the process dies, however it dies). Taken again by the same process, it is the same lock."""
+
+    def __init__(self, lock_file: Path, created: list[Path]):
+        self.lock_file, self.created = lock_file, created
+        self.descriptor: int | None = None
+
+    def release(self) -> None:
+        if self.descriptor is None:
+            return
+        _held_locks.pop(str(self.lock_file), None)
+        with contextlib.suppress(FileNotFoundError):  # unlinked while held: no other process can hold this file
+            self.lock_file.unlink()
+        os.close(self.descriptor)
+        self.descriptor = None
+        for folder in self.created:  # folders made for the lock only, left empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def lock_holder(lock_file: str | os.PathLike) -> str | None:
+    """The process id written in `lock_file` when another process holds its lock, else None (nothing is locked)."""
+    import fcntl
+
+    lock_file = Path(lock_file).absolute()
+    if str(lock_file) in _held_locks:
+        return None
+    try:
+        descriptor = os.open(lock_file, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(descriptor, 64, 0).decode("ascii", "replace").strip() or "unknown"
+    finally:
+        os.close(descriptor)  # drops the shared lock taken for the test
+    return None
+
+
+def hold_lock(lock_file: str | os.PathLike, *, what: str) -> FolderLock:
+    """Lock `lock_file` (creating it and its missing parent folders) for this process, or refuse with
+    `UnsafeOutputError` naming the process that holds it. `what` names the locked thing in that message."""
+    import fcntl
+
+    lock_file = Path(lock_file).absolute()
+    held = _held_locks.get(str(lock_file))
+    if held is not None:
+        return held
+    created = [parent for parent in (lock_file.parent, *lock_file.parent.parents) if not parent.exists()]
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(descriptor)
+            raise UnsafeOutputError(
+                f"{what} is in use by another run (process {holder}, which holds {lock_file}); wait for it to finish, "
+                "or choose another folder."
+            ) from None
+        # The holder before us may have unlinked the file after we opened it: lock the file at the path, not that one.
+        try:
+            same = os.stat(lock_file).st_ino == os.fstat(descriptor).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(descriptor)
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+    lock = FolderLock(lock_file, created)
+    lock.descriptor = descriptor
+    _held_locks[str(lock_file)] = lock
+    atexit.register(lock.release)
+    return lock
+
+
+# ---------------------------------------------------------------------------------------------------- corrupt files
+
+SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+                           "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}  # fmt: skip
+# A larger header is not one safetensors writes (its own reader refuses headers over 100 MB).
+SAFETENSORS_MAX_HEADER = 100_000_000
+
+
+def read_json_file(path: str | os.PathLike, what: str = "JSON"):
+    """The JSON in `path`, or `CorruptFileError` naming the file, what it should hold and what is wrong."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise CorruptFileError(f"{path}: not {what} (not UTF-8 text; the file is damaged)") from None
+    except ValueError as error:
+        raise CorruptFileError(f"{path}: not {what} (invalid JSON: {error}); the file is damaged") from None
+
+
+def check_safetensors_file(path: str | os.PathLike) -> dict:
+    """The header of a safetensors file after checking that the file holds every byte it describes; a truncated or
+    garbage file raises `CorruptFileError` naming it and what is wrong."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            raise CorruptFileError(
+                f"{path}: not a safetensors file ({size} bytes, shorter than its 8-byte header size)"
+            )
+        header_size = int.from_bytes(prefix, "little")
+        if header_size > min(SAFETENSORS_MAX_HEADER, size - 8):
+            raise CorruptFileError(
+                f"{path}: not a safetensors file, or truncated (its header claims {header_size:,} bytes; the file "
+                f"holds {size:,})"
+            )
+        raw = handle.read(header_size)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        spans = [(name, entry) for name, entry in header.items() if name != "__metadata__"]
+        data_size = size - 8 - header_size
+        end = 0
+        for name, entry in spans:
+            begin, stop = entry["data_offsets"]
+            count = math.prod(entry["shape"]) * SAFETENSORS_DTYPE_BYTES.get(entry["dtype"], 0)
+            if entry["dtype"] in SAFETENSORS_DTYPE_BYTES and stop - begin != count:
+                raise CorruptFileError(f"{path}: tensor {name!r} has {stop - begin} bytes for shape {entry['shape']}")
+            end = max(end, stop)
+    except CorruptFileError:
+        raise
+    except (ValueError, UnicodeDecodeError, AttributeError, KeyError, TypeError):
+        raise CorruptFileError(f"{path}: not a safetensors file (its header is not a tensor table)") from None
+    if end != data_size:
+        raise CorruptFileError(
+            f"{path}: truncated safetensors file (its header describes {end:,} bytes of tensor data, the file holds "
+            f"{data_size:,})"
+            if end > data_size
+            else f"{path}: damaged safetensors file ({data_size - end:,} bytes after the last tensor)"
+        )
+    return header
+
+
+def check_pickled_archive(path: str | os.PathLike, what: str) -> None:
+    """A `torch.save` file (a zip archive) that is complete and whose every member has its checksum; else
+    `CorruptFileError` naming it and `what` it should hold. Nothing in it is unpickled."""
+    import zipfile
+
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, EOFError, ValueError):
+        raise CorruptFileError(f"{path}: not a readable {what} file (truncated or not a torch.save archive)") from None
+    if damaged is not None:
+        raise CorruptFileError(f"{path}: damaged {what} file (the checksum of {damaged} does not match)")
+
+
+def weight_files(folder: str | os.PathLike) -> list[str]:
+    """The weight files a checkpoint's loader reads, by exact name: the shards its safetensors index lists (with the
+    index), else `model.safetensors` or a PEFT adapter's `adapter_model.safetensors`."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        table = read_json_file(index, "a safetensors index")
+        weight_map = table.get("weight_map") if isinstance(table, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(name, str) and _plain_name(name) for name in weight_map.values()
+        ):
+            raise CorruptFileError(f"{index}: not a safetensors index (no weight_map of file names)")
+        return [index.name, *sorted(set(weight_map.values()))]
+    return [name for name in ("model.safetensors", "adapter_model.safetensors") if (folder / name).is_file()]
+
+
+def check_checkpoint_files(folder: str | os.PathLike) -> None:
+    """Check, before loading, that a checkpoint folder's config is JSON and each weight file is complete: a damaged
+    file raises `CorruptFileError` (a `ValueError`: one line at every entry point) naming it and what is wrong."""
+    folder = Path(folder)
+    for name in ("config.json", "adapter_config.json"):
+        if (folder / name).is_file() and not isinstance(read_json_file(folder / name, "a config"), dict):
+            raise CorruptFileError(f"{folder / name}: not a config (a JSON object)")
+    for name in weight_files(folder):
+        path = folder / name
+        if not path.is_file():
+            raise CorruptFileError(f"{path}: missing, though {folder}/model.safetensors.index.json lists it")
+        if name.endswith(".safetensors"):
+            check_safetensors_file(path)
+
+
+# Exceptions that loading a damaged file raises in the libraries (by name: safetensors' and pickle's are not
+# OSErrors, and torch and transformers report a damaged archive or a tensor of the wrong shape as a RuntimeError).
+_LOADING_ERRORS = ("SafetensorError", "UnpicklingError", "HeaderTooLarge", "EOFError", "BadZipFile")
+_LOADING_MESSAGES = ("size mismatch", "PytorchStreamReader", "invalid load key", "Error(s) in loading state_dict",
+                     "ignore_mismatched_sizes", "incomplete metadata")  # fmt: skip
+# transformers logs a table of mismatched tensors before raising: kept back, and its first row made the message.
+_LOADING_REPORT_LOGGER = "transformers.modeling_utils"
+_MISMATCH_ROW = re.compile(
+    r"(?P<key>[\w.]+)\s*\|\s*MISMATCH\s*\|.*?ckpt:\s*torch\.Size\((?P<saved>\[[^\]]*\])\)\s*vs\s*model:\s*"
+    r"torch\.Size\((?P<model>\[[^\]]*\])\)"
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def reading(path: str | os.PathLike, what: str) -> Iterator[None]:
+    """Turn the error a library raises inside the block on a damaged file, or on weights of other shapes than the
+    model's, into one `CorruptFileError` line: `path: cannot be read as <what> (<the fault>)`."""
+    report_logger = logging.getLogger(_LOADING_REPORT_LOGGER)
+    collect, propagate = _Collect(), report_logger.propagate
+    report_logger.addHandler(collect)
+    report_logger.propagate = False
+    failed = False
+    try:
+        yield
+    except CorruptFileError:
+        failed = True
+        raise
+    except Exception as error:
+        failed = True
+        text = " ".join(str(error).split())
+        damaged = type(error).__name__ in _LOADING_ERRORS or (
+            isinstance(error, RuntimeError) and any(marker in text for marker in _LOADING_MESSAGES)
+        )
+        if not damaged:
+            raise
+        report = _ANSI.sub("", "\n".join(record.getMessage() for record in collect.records))
+        mismatch = _MISMATCH_ROW.search(report) or re.search(
+            r"size mismatch for (?P<key>[^:]+): copying a param with shape torch\.Size\((?P<saved>\[[^\]]*\])\) from "
+            r"checkpoint, the shape in current model is torch\.Size\((?P<model>\[[^\]]*\])\)",
+            text,
+        )
+        if mismatch:
+            detail = (
+                f"its weights do not fit the model its config describes: {mismatch['key']} has shape "
+                f"{mismatch['saved']} in the file, {mismatch['model']} in the model"
+            )
+        else:
+            detail = f"damaged or not such a file: {text[:300]}"
+        raise CorruptFileError(f"{path}: cannot be read as {what} ({detail})") from error
+    finally:
+        report_logger.removeHandler(collect)
+        report_logger.propagate = propagate
+        if not failed:  # a load that worked prints its report as usual
+            for record in collect.records:
+                report_logger.handle(record)
+
+
+@contextlib.contextmanager
+def loading_checkpoint(folder: str | os.PathLike, what: str) -> Iterator[None]:
+    """`check_checkpoint_files(folder)`, then `reading` its weights inside the block: a damaged config or weight file,
+    or weights of other shapes than the config's model, is one `CorruptFileError` line naming the file."""
+    check_checkpoint_files(folder)
+    weights = weight_files(folder)
+    # transformers' "Loading weights" bar would stand above the one line of a failed load; a checked load of a
+    # local checkpoint is quick, so the bar is left out.
+    progress = sys.modules.get("transformers.utils.logging")
+    hide = progress is not None and progress.is_progress_bar_enabled()
+    if hide:
+        progress.disable_progress_bar()
+    try:
+        with reading(Path(folder) / (weights[0] if weights else "config.json"), what):
+            yield
+    finally:
+        if hide:
+            progress.enable_progress_bar()
+
+
 __all__ = [
+    "CorruptFileError",
+    "FolderLock",
     "UnsafeOutputError",
     "atomic_path",
     "atomic_write",
+    "check_checkpoint_files",
     "check_checkpoint_folder",
     "check_run_folder",
+    "hold_lock",
+    "loading_checkpoint",
     "make_staging_folder",
     "public_dataset_name",
+    "reading",
+    "recover_interrupted_saves",
     "write_json",
+    "write_save_record",
 ]

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
+import fnmatch
+import functools
+import glob
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -120,6 +122,10 @@ def add_training_arguments(
         "model settings saved with the checkpoint win: a model flag (size, --metric-*, --cross-head-variant) left "
         "out takes the checkpoint's value, and one given with a different value is refused, naming every such flag",
     )
+    group.add_argument("--resume-weights-only", action="store_true",
+                       help="with --resume: continue from the checkpoint's weights and step alone, with a new optimizer "
+                       "and learning-rate schedule (warming up again) and new random state; without it, a checkpoint "
+                       "whose optimizer, schedule or random state is missing or damaged is refused")  # fmt: skip
     group.add_argument("--num-threads", type=checks.positive_int, help="torch CPU threads (default: torch's choice)")
     group.add_argument("--report-to", default="none", type=report_targets,
                        help="experiment trackers, as transformers' `report_to`: none, all, or a comma-separated "
@@ -209,19 +215,10 @@ def parse_checked(parser: argparse.ArgumentParser, argv=None, *, run_name=None) 
         args.output_dir = args.output_dir_pattern.format(settings=run_name(args) if run_name else "run")
     if getattr(args, "resume", None) not in (None, "latest") and not os.path.isdir(args.resume):
         parser.error(f"--resume {args.resume}: no such checkpoint folder")
-    checks.check_output(parser, safe_files.check_run_folder, args.output_dir, argument="--output-dir",
-                        written=RUN_FOLDER_ENTRIES, checkpoints=RUN_FOLDER_CHECKPOINTS)  # fmt: skip
-    if (
-        not args.resume
-        and not args.overwrite_output_dir
-        and os.path.isdir(args.output_dir)
-        and any(os.scandir(args.output_dir))
-    ):
-        parser.error(
-            f"--output-dir {args.output_dir} holds an earlier run (its checkpoints and results would be replaced); "
-            "pass --overwrite-output-dir to replace them, --resume to continue that run, or choose another "
-            "--output-dir"
-        )
+    if args.resume_weights_only and not args.resume:
+        parser.error("--resume-weights-only applies to --resume; add --resume, or leave it out to start a new run")
+    hold_run_folder(parser, args.output_dir)
+    check_run_folder_contents(parser, args)
     if args.push_to_hub:
         offline = [name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
                    if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")]  # fmt: skip
@@ -235,6 +232,73 @@ def parse_checked(parser: argparse.ArgumentParser, argv=None, *, run_name=None) 
             parser.error(f"--hub-model-id {message}" + ("" if given else " (the --output-dir name, its default)")
                          + "; pass --hub-model-id your-name/model-name")  # fmt: skip
     return args
+
+
+# The --output-dir locks of the recipe runs in progress in this process, one list per `holding_run_folder` call.
+_run_locks: list[list] = []
+
+
+def holding_run_folder(main):
+    """Decorate a recipe's `main(argv)`: a run. Its parsing (`parse_checked`) locks --output-dir for it; the lock
+    is released when `main` returns or fails, so a run that fails leaves no lock file, nor a folder made for it.
+    Parsing outside a run (e.g. `parse_args` alone) only checks that no other run holds the folder."""
+
+    @functools.wraps(main)
+    def run(argv=None):
+        locks = []
+        _run_locks.append(locks)
+        try:
+            return main(argv)
+        finally:
+            _run_locks.remove(locks)
+            for lock in locks:
+                lock.release()
+
+    return run
+
+
+def hold_run_folder(parser: argparse.ArgumentParser, output_dir: str) -> None:
+    """One run per --output-dir: check the path (not a file, the current folder or its parents; creatable), refuse
+    it while another run holds it (naming that run's process id) and, in a run (`holding_run_folder`), lock it
+    (`safe_files.hold_lock`) and finish what a killed save left in it. Under a multi-process launch only the first
+    process does so; the others run under its lock."""
+    checks.check_output(parser, safe_files.check_run_folder, output_dir, argument="--output-dir",
+                        written=RUN_FOLDER_ENTRIES + LEFTOVER_ENTRIES, checkpoints=())  # fmt: skip
+    if os.environ.get("RANK", "0") != "0":  # a later process of a launch: its first process holds the folder
+        return
+    lock_file = os.path.join(output_dir, safe_files.RUN_LOCK_FILE)
+    if not _run_locks:
+        holder = safe_files.lock_holder(lock_file)
+        if holder is not None:
+            parser.error(f"--output-dir {output_dir} is in use by another run (process {holder}, which holds "
+                         f"{lock_file}); wait for it to finish, or choose another folder")  # fmt: skip
+        return
+    lock = checks.check_output(parser, safe_files.hold_lock, lock_file, what=f"--output-dir {output_dir}")
+    _run_locks[-1].append(lock)
+    safe_files.recover_interrupted_saves(os.path.abspath(output_dir), run_folder_entry, held=True)
+
+
+# What a killed save leaves in the run folder (`safe_files.recover_interrupted_saves` restores or removes it).
+LEFTOVER_ENTRIES = tuple(f".{pattern}.{kind}-[0-9]*-*" for pattern in RUN_FOLDER_ENTRIES for kind in ("tmp", "old"))
+
+
+def run_folder_entry(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in RUN_FOLDER_ENTRIES)
+
+
+def check_run_folder_contents(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--output-dir holds only what this recipe writes; an earlier run's only with --overwrite-output-dir or --resume."""
+    checks.check_output(parser, safe_files.check_run_folder, args.output_dir, argument="--output-dir",
+                        written=RUN_FOLDER_ENTRIES + LEFTOVER_ENTRIES, checkpoints=RUN_FOLDER_CHECKPOINTS)  # fmt: skip
+    earlier = os.path.isdir(args.output_dir) and any(
+        entry.name != safe_files.RUN_LOCK_FILE for entry in os.scandir(args.output_dir)
+    )
+    if not args.resume and not args.overwrite_output_dir and earlier:
+        parser.error(
+            f"--output-dir {args.output_dir} holds an earlier run (its checkpoints and results would be replaced); "
+            "pass --overwrite-output-dir to replace them, --resume to continue that run, or choose another "
+            "--output-dir"
+        )
 
 
 def explicit_destinations(parser: argparse.ArgumentParser, argv=None) -> set[str]:
@@ -281,9 +345,8 @@ def saved_model_config(checkpoint: str) -> dict:
         (run_settings, None),
     ):
         if os.path.isfile(path):
-            with open(path, encoding="utf-8") as handle:
-                data = json.load(handle)
-            data = data.get(key, {}) if key else data
+            data = safe_files.read_json_file(path, "a model config")
+            data = (data.get(key, {}) if key else data) if isinstance(data, dict) else {}
             if data:
                 return data
     return {}
@@ -395,6 +458,72 @@ def resolve_resume(resume: str | None, output_dir: str, marker: str = "trainer_s
             f"--resume {resume!r} is not a checkpoint of this recipe (no {marker}); pass a checkpoint-N folder."
         )
     return resume
+
+
+# What a checkpoint of a `Trainer` recipe holds besides its weights (file pattern: what it is).
+TRAINER_RESUME_STATE = {"optimizer.pt": "optimizer state", "scheduler.pt": "learning-rate schedule",
+                        "rng_state*.pth": "random number generator state"}  # fmt: skip
+
+
+def check_resume_state(args: argparse.Namespace, checkpoint: str | None, state: dict[str, str],
+                       marker: str = "trainer_state.json") -> bool:  # fmt: skip
+    """Before training: the checkpoint's weights and `marker` are readable, and so is each `state` file, unless
+    --resume-weights-only. A missing or damaged one is refused, naming it. Returns whether to load the state
+    (False with --resume-weights-only: the weights and the step count alone)."""
+    if not checkpoint:
+        return False
+    safe_files.check_checkpoint_files(checkpoint)
+    safe_files.read_json_file(os.path.join(checkpoint, marker), "the training state")
+    if args.resume_weights_only:
+        print(f"--resume-weights-only: continuing from the weights of {checkpoint} at its step, with a new optimizer, "
+              "learning-rate schedule and random state")  # fmt: skip
+        return False
+    problems = []
+    for pattern, what in state.items():
+        found = sorted(glob.glob(os.path.join(glob.escape(checkpoint), pattern)))
+        if not found:
+            problems.append(f"{os.path.join(checkpoint, pattern)} ({what}) is missing")
+        for path in found:
+            try:
+                safe_files.check_pickled_archive(path, what)
+            except safe_files.CorruptFileError as error:
+                problems.append(str(error))
+    if problems:
+        raise ValueError(
+            f"--resume {checkpoint}: {'; '.join(problems)}, so the run cannot continue where it stopped; pass "
+            "--resume-weights-only to continue from the weights alone (a new optimizer; the learning rate warms up "
+            "again), or resume from another checkpoint"
+        )
+    return True
+
+
+def resume_weights_only(trainer) -> None:
+    """--resume-weights-only under the `Trainer`: `train(resume_from_checkpoint=...)` then restores the weights and
+    the step count, not the optimizer, schedule or random state."""
+    trainer._load_optimizer_and_scheduler = lambda checkpoint: None
+    trainer._load_rng_state = lambda checkpoint: None
+
+
+def check_resume_tokenizer(args: argparse.Namespace, resume: str) -> None:
+    """On resume the checkpoint's tokenizer is used; a --tokenizer given with another one is refused like other
+    conflicting flags. `byte` is the tokenizer without merges, `bpe` one with merges, a folder its own tokenizer."""
+    if "tokenizer" not in args.explicit or os.path.abspath(args.tokenizer) == os.path.abspath(resume):
+        return
+    path = os.path.join(resume, "tokenizer.json")
+    saved = safe_files.read_json_file(path, "a tokenizer")
+    merges = bool((saved.get("model") or {}).get("merges")) if isinstance(saved, dict) else False
+    if args.tokenizer in ("byte", "bpe"):
+        matches = merges == (args.tokenizer == "bpe")
+        saved_kind = "a BPE tokenizer (with merges)" if merges else "the byte-level tokenizer"
+    else:
+        given = os.path.join(args.tokenizer, "tokenizer.json")
+        matches = os.path.isfile(given) and safe_files.read_json_file(given, "a tokenizer") == saved
+        saved_kind = "another tokenizer"
+    if not matches:
+        raise ValueError(
+            f"--resume {resume}: the checkpoint was trained with {saved_kind}, not --tokenizer {args.tokenizer}. "
+            "Leave --tokenizer out (the checkpoint's is used), or start a new run in another --output-dir."
+        )
 
 
 # `--model-type`: the `model_type` of a new model; "damcha" is DAMCHA GPT-2 (the default, kept for older commands).

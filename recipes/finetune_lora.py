@@ -75,6 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.base, args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
     if not os.path.isfile(os.path.join(args.base, "config.json")):
         parser.error(f"--base {args.base}: not a checkpoint folder (no config.json)")
+    common.checks.check_output(parser, common.safe_files.check_checkpoint_files, args.base)
     if args.push_to_hub and not args.base_model_id:
         parser.error("--push-to-hub uploads the adapter and its base (<output-dir>/base); name the base's Hub id with "
                      "--base-model-id (e.g. your-name/damcha-base), the adapter's with --hub-model-id")  # fmt: skip
@@ -117,11 +118,12 @@ def build_model(args, config, family, num_labels=None, labels=None):
 
     options = common.metric_options(args)
     head = family.task_head
-    if config.model_type == family.model_type:  # a stock checkpoint: load it as it is, then convert it exactly
-        base = head.stock_class.from_pretrained(args.base, attn_implementation=args.attn, **label_maps)
-        return damcha_hf.convert_to_damcha(base, **options)
-    auto_class = getattr(transformers, head.auto_class)
-    return auto_class.from_pretrained(args.base, attn_implementation=args.attn, **label_maps, **options)
+    with common.safe_files.loading_checkpoint(args.base, "the --base checkpoint"):
+        if config.model_type == family.model_type:  # a stock checkpoint: load it as it is, then convert it exactly
+            base = head.stock_class.from_pretrained(args.base, attn_implementation=args.attn, **label_maps)
+            return damcha_hf.convert_to_damcha(base, **options)
+        auto_class = getattr(transformers, head.auto_class)
+        return auto_class.from_pretrained(args.base, attn_implementation=args.attn, **label_maps, **options)
 
 
 # Flags that shape the trained modules, checked on --resume against the run's `run_settings.json`.
@@ -129,9 +131,11 @@ LORA_RESUME_FLAGS = {**{field: field for field in common.METRIC_FIELDS}, "lora_r
                      "lora_alpha": "lora_alpha", "freeze_generator": "freeze_generator"}  # fmt: skip
 
 
+@common.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
     resume = common.resolve_resume(args.resume, args.output_dir)
+    load_state = common.check_resume_state(args, resume, common.TRAINER_RESUME_STATE)
     if resume:
         common.check_resume_settings(args, resume, LORA_RESUME_FLAGS, common.saved_model_config(resume))
     datasets = common.card_datasets(args.data) if args.data else None  # settled before training
@@ -216,6 +220,8 @@ def main(argv=None) -> dict:
         processing_class=processing,
         **metrics_kwargs,
     )
+    if resume and not load_state:
+        common.resume_weights_only(trainer)
     trainer.train(resume_from_checkpoint=resume)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, trainable_parameters=trainable)

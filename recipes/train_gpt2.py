@@ -37,6 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         common.check_new_language_model_sizes(parser, args)
     if args.init_from and not os.path.isdir(args.init_from):
         parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
+    if args.init_from:  # a damaged file is named now, before any data is read
+        common.checks.check_output(parser, common.safe_files.check_checkpoint_files, args.init_from)
     return args
 
 
@@ -46,7 +48,8 @@ def build_model(args, tokenizer):
     from damcha_hf.data import check_tokenizer_matches_model
 
     if args.init_from:
-        model = AutoModelForCausalLM.from_pretrained(args.init_from, attn_implementation=args.attn)
+        with common.safe_files.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
+            model = AutoModelForCausalLM.from_pretrained(args.init_from, attn_implementation=args.attn)
     else:
         model = AutoModelForCausalLM.from_config(common.gpt2_config(args, len(tokenizer), tokenizer))
     check_tokenizer_matches_model(tokenizer, model.config)
@@ -59,9 +62,11 @@ def build_model(args, tokenizer):
     return model
 
 
+@common.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
     resume = common.resolve_resume(args.resume, args.output_dir)
+    load_state = common.check_resume_state(args, resume, common.TRAINER_RESUME_STATE)
     common.check_language_model_resume(args, resume)
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
     common.check_push(args)
@@ -73,6 +78,7 @@ def main(argv=None) -> dict:
 
     set_seed(args.seed)
     if resume and os.path.isfile(os.path.join(resume, "tokenizer.json")):
+        common.check_resume_tokenizer(args, resume)
         args.tokenizer = resume  # the Trainer saved the tokenizer with the checkpoint: a retrained BPE could differ
     corpus = common.load_language_model_corpus(args)
     tokenizer = common.build_tokenizer(args, corpus)
@@ -91,6 +97,8 @@ def main(argv=None) -> dict:
         compute_metrics=causal_lm_compute_metrics(tokenizer),
         preprocess_logits_for_metrics=causal_lm_token_nll,
     )
+    if resume and not load_state:
+        common.resume_weights_only(trainer)
     train_result = trainer.train(resume_from_checkpoint=resume)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss)

@@ -30,7 +30,6 @@ checkpoint's value, one given with a different value is refused (naming every su
 
 import argparse
 import hashlib
-import json
 import logging
 import math
 import os
@@ -41,6 +40,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # standard library only: torch, transformers and accelerate are imported after parsing
 
 STATE_FILE = "loop_state.json"
+# What `Accelerator.save_state` writes besides the weights (file pattern: what it is), checked before a resume.
+RESUME_STATE = {"optimizer.bin": "optimizer state", "scheduler.bin": "learning-rate schedule",
+                "random_states_*.pkl": "random number generator state"}  # fmt: skip
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -98,9 +100,11 @@ def _evaluate(model, loader, accelerator, byte_lengths) -> dict:
             "eval_bits_per_byte": results["bits_per_byte"]}  # fmt: skip
 
 
+@common.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
     resume = common.resolve_resume(args.resume, args.output_dir, marker=STATE_FILE)
+    load_state = common.check_resume_state(args, resume, RESUME_STATE, marker=STATE_FILE)
     common.check_language_model_resume(args, resume)
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
     common.check_push(args, accelerate=True)
@@ -129,6 +133,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.num_threads)
     set_seed(args.seed)
     if resume and os.path.isfile(os.path.join(resume, "tokenizer.json")):
+        common.check_resume_tokenizer(args, resume)
         args.tokenizer = resume
 
     # The main process tokenises first and fills the datasets cache; the others then read it.
@@ -168,10 +173,15 @@ def main(argv=None) -> dict:
     accelerator.init_trackers(os.path.basename(os.path.normpath(args.output_dir)), config=hyperparameters)
 
     step, log_history = 0, []
-    if resume:
+    if resume and load_state:
         accelerator.load_state(resume)
-        with open(os.path.join(resume, STATE_FILE)) as handle:
-            saved = json.load(handle)
+    elif resume:  # --resume-weights-only: the weights and the step; a new optimizer, schedule and random state
+        from safetensors.torch import load_model
+
+        load_model(accelerator.unwrap_model(model), os.path.join(resume, "model.safetensors"),
+                   device=str(accelerator.device))  # fmt: skip
+    if resume:
+        saved = common.safe_files.read_json_file(os.path.join(resume, STATE_FILE), "the training state")
         step, log_history = saved["step"], saved["log_history"]
         accelerator.print(f"resumed from {resume} at step {step}")
 

@@ -49,6 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                heads_flag="--num-heads")  # fmt: skip
     if args.init_from and not os.path.isdir(args.init_from):
         parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
+    if args.init_from:  # a damaged file is named now, before any data is read
+        common.checks.check_output(parser, common.safe_files.check_checkpoint_files, args.init_from)
     if args.data != "fashion-mnist" and not os.path.isdir(args.data):
         parser.error(f"--data {args.data}: not 'fashion-mnist' nor an image folder (<folder>/<label>/<images>)")
     if args.data == "fashion-mnist" and not os.path.isdir(args.fashion_mnist_dir):
@@ -65,10 +67,11 @@ def build_model(args, labels, channels, image_size):
 
     label_maps = {"id2label": dict(enumerate(labels)), "label2id": {name: i for i, name in enumerate(labels)}}
     if args.init_from:
-        return AutoModelForImageClassification.from_pretrained(
-            args.init_from, num_labels=len(labels), ignore_mismatched_sizes=True, attn_implementation=args.attn,
-            **label_maps,
-        )  # fmt: skip
+        with common.safe_files.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
+            return AutoModelForImageClassification.from_pretrained(
+                args.init_from, num_labels=len(labels), ignore_mismatched_sizes=True, attn_implementation=args.attn,
+                **label_maps,
+            )  # fmt: skip
     config = damcha_hf.DamchaViTConfig(
         image_size=image_size,
         patch_size=args.patch_size,
@@ -87,9 +90,11 @@ def build_model(args, labels, channels, image_size):
     return AutoModelForImageClassification.from_config(config)
 
 
+@common.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
     resume = common.resolve_resume(args.resume, args.output_dir)
+    load_state = common.check_resume_state(args, resume, common.TRAINER_RESUME_STATE)
     if resume:
         common.check_resume_settings(args, resume, VIT_MODEL_FLAGS, common.saved_model_config(resume))
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
@@ -109,7 +114,8 @@ def main(argv=None) -> dict:
         # and the Trainer's resume reads them back without renaming, leaving the encoder at its fresh init (plain
         # ViTForImageClassification too). from_pretrained applies the renames, so load the weights that way; the
         # Trainer then restores optimizer, scheduler, RNG and data position.
-        model = AutoModelForImageClassification.from_pretrained(resume, attn_implementation=args.attn)
+        with common.safe_files.loading_checkpoint(resume, "the --resume checkpoint"):
+            model = AutoModelForImageClassification.from_pretrained(resume, attn_implementation=args.attn)
     print(f"{type(model).__name__}: {model.num_parameters():,} parameters; {len(splits['train'])} training and "
           f"{len(splits['validation'])} validation images, {len(labels)} classes")  # fmt: skip
 
@@ -122,6 +128,8 @@ def main(argv=None) -> dict:
         processing_class=processor,
         compute_metrics=accuracy_compute_metrics(),
     )
+    if resume and not load_state:
+        common.resume_weights_only(trainer)
     train_result = trainer.train(resume_from_checkpoint=resume)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss)

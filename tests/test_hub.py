@@ -196,8 +196,10 @@ def test_save_hub_checkpoint_writes_everything_atomically(tmp_path):
     names = {path.name for path in folder.iterdir()}
     assert names == {
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-        "README.md", "loss_curve.png", "metric_heatmap.png", *GPT2_CODE_FILES,
+        "README.md", "loss_curve.png", "metric_heatmap.png", ".damcha-hf-files.json", *GPT2_CODE_FILES,
     } | ({"special_tokens_map.json"} & names)  # fmt: skip
+    # The save's record lists every file it wrote, but itself.
+    assert set(json.loads((folder / ".damcha-hf-files.json").read_text())["files"]) == names - {".damcha-hf-files.json"}
     readme = (folder / "README.md").read_text()
     assert "(loss_curve.png)" in readme and "(metric_heatmap.png)" in readme and "| 1 | " in readme  # mass table
     assert str(tmp_path) not in all_text(folder)

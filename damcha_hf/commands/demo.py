@@ -29,7 +29,7 @@ def _light(name: str):
 def output_folder(text: str) -> str:
     """`--output-dir`: a new or empty folder, or an earlier demo checkpoint (replaced); checked before training."""
     try:
-        _light("damcha_hf.safe_files").check_checkpoint_folder(text, argument="", also_written=(RESULTS_FILE,))
+        _light("damcha_hf.safe_files").check_checkpoint_folder(text, argument="")
     except OSError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
@@ -132,6 +132,17 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
+    # One demo per output folder: the lock file sits beside the folder, which the save replaces as a whole.
+    output = os.path.abspath(args.output_dir)
+    lock_file = os.path.join(os.path.dirname(output), f".{os.path.basename(output)}.lock")
+    lock = _light("damcha_hf.safe_files").hold_lock(lock_file, what=f"--output-dir {args.output_dir}")
+    try:
+        return _train_compare_and_save(args)
+    finally:
+        lock.release()
+
+
+def _train_compare_and_save(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     import torch
     from tqdm.auto import tqdm

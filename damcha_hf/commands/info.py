@@ -67,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
         with torch.device("meta"):
             model = model_class(config)
     else:
+        from damcha_hf.safe_files import check_checkpoint_files
+
+        check_checkpoint_files(args.model)  # a damaged checkpoint is named now, not when someone loads it
         config = AutoConfig.from_pretrained(args.model)
         if not config.model_type.startswith("damcha_"):
             raise ValueError(

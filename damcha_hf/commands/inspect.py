@@ -10,11 +10,17 @@ MAX_TEXT_CHUNKS = 8
 
 
 def png_path(text: str) -> str:
-    """`--output`: a file path (not a folder), checked while parsing."""
+    """`--output`: a file path (not a folder) that can be created, checked while parsing."""
+    from damcha_hf_cli import light_import
+
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(
             f"{text} is a folder; give the path of the PNG to write, e.g. {os.path.join(text, 'metric_heatmap.png')}"
         )
+    try:
+        light_import("damcha_hf.safe_files").check_writable_location(Path(text).absolute())
+    except OSError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     return text
 
 
@@ -73,15 +79,17 @@ def run(args: argparse.Namespace) -> int:
     import damcha_hf  # registers the DAMCHA classes; the saved class is looked up on it
     from damcha_hf.hub import METRIC_HEATMAP_FILE
     from damcha_hf.metric_map import image_folder_inputs, is_vision_model, text_inputs, write_metric_map
+    from damcha_hf.safe_files import loading_checkpoint
 
     checkpoint = Path(args.checkpoint)
     if not (checkpoint / "config.json").is_file():
         print(f"damcha-hf inspect: {checkpoint} is not a checkpoint folder (no config.json).", file=sys.stderr)
         return 2
     # The saved class itself (not AutoModel, which would add e.g. an untrained ViT pooler): any DAMCHA class has C.
-    architectures = AutoConfig.from_pretrained(checkpoint).architectures or []
-    model_class = getattr(damcha_hf, architectures[0], AutoModel) if architectures else AutoModel
-    model = model_class.from_pretrained(checkpoint)
+    with loading_checkpoint(checkpoint, "a DAMCHA checkpoint"):
+        architectures = AutoConfig.from_pretrained(checkpoint).architectures or []
+        model_class = getattr(damcha_hf, architectures[0], AutoModel) if architectures else AutoModel
+        model = model_class.from_pretrained(checkpoint)
     vision = is_vision_model(model)
     tokenizer = image_processor = None
     if vision and (checkpoint / "preprocessor_config.json").is_file():

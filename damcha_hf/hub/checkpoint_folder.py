@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..metric_map import is_vision_model, write_metric_map
@@ -17,6 +17,7 @@ from ..safe_files import (
     atomic_write,
     check_checkpoint_folder,
     make_staging_folder,
+    write_save_record,
 )
 from .model_card import build_model_card, cross_head_variant
 from .push import check_no_local_paths, completed_config, config_json_bytes, upload_plan
@@ -53,17 +54,19 @@ def save_hub_checkpoint(
         log_history, base_model, datasets, license, eval_results, model_name: see `build_model_card`.
         heatmap_inputs: inputs for the metric heatmap (`damcha_hf.metric_map.compute_metric_map` accepts a tensor,
             a dict of model inputs, a list of them, or texts); None uses a built-in sample.
-        overwrite: replace an existing `folder` that holds an earlier checkpoint of this plugin (a `damcha_*`
-            config.json and only files a save writes). A folder holding anything else (a Trainer `output_dir`, your
-            own files), the current folder, its parents and the home folder are never replaced: `UnsafeOutputError`
-            (an `OSError`) is raised before anything is written. Use a subfolder such as `output_dir/"hub"`.
+        overwrite: replace an existing `folder` that holds an earlier save of this function and nothing else: each
+            save lists the files it wrote in `.damcha-hf-files.json`, and only those are replaced. A folder holding
+            anything else (a Trainer `output_dir`, your own files, a checkpoint saved without that record), the
+            current folder, its parents and the home folder are never replaced: `UnsafeOutputError` (an `OSError`)
+            is raised, naming the files, before anything is written. Use a subfolder such as `output_dir/"hub"`.
         extra_files: `{file name: text or bytes}` written beside the checkpoint in the same atomic step (e.g. a
-            run's results); they count as files the save writes when the folder is replaced later.
+            run's results); the record lists them with the save's other files.
         baseline_log_histories: `{"MHA": log_history}` of models trained alongside: drawn in the loss curve too.
         card_fields: `log_source`, `comparison`, `notes` of `build_model_card`.
 
-    Everything is written into a temporary folder beside `folder` and renamed into place, so `folder` is never
-    left half-written.
+    Everything is written into a temporary folder beside `folder`, the record last, and renamed into place, so
+    `folder` is never left half-written; what a killed save leaves beside it is restored or removed by the next save
+    into `folder` (`damcha_hf.safe_files.recover_interrupted_saves`).
     """
     from transformers import PreTrainedModel
 
@@ -76,9 +79,7 @@ def save_hub_checkpoint(
     for name in extra_files:
         if name != os.path.basename(name) or name in ("", ".", "..") or name in CONFIG_FILES:
             raise ValueError(f"extra_files: {name!r} must be a plain file name, not a path or a config file.")
-    folder = check_checkpoint_folder(
-        folder, argument="save_hub_checkpoint folder", replace=overwrite, also_written=extra_files
-    )
+    folder = check_checkpoint_folder(folder, argument="save_hub_checkpoint folder", replace=overwrite)
     staging = make_staging_folder(folder)
     try:
         model.save_pretrained(staging)
@@ -117,20 +118,19 @@ def save_hub_checkpoint(
             atomic_write(staging / name, content)
         check_no_local_paths(staging, upload_plan(staging).values(), extra=[folder])
         apply_umask(staging)
-        replace_folder(staging, folder, overwrite=overwrite, also_written=extra_files)
+        write_save_record(staging)  # last: a staging folder without it is an unfinished save
+        replace_folder(staging, folder, overwrite=overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return folder
 
 
-def replace_folder(new: Path, target: Path, *, overwrite: bool, also_written: Iterable[str] = ()) -> None:
-    """Rename `new` to `target`. An existing `target` is checked again (it may have changed during the save: only an
-    earlier checkpoint of this plugin is replaced), moved aside, and deleted once `new` is in place."""
+def replace_folder(new: Path, target: Path, *, overwrite: bool) -> None:
+    """Rename `new` to `target`. An existing `target` is checked again (it may have changed during the save: only
+    the files an earlier save recorded are replaced), moved aside, and deleted once `new` is in place."""
     if target.exists():
-        check_checkpoint_folder(
-            target, argument="save_hub_checkpoint folder", replace=overwrite, also_written=also_written
-        )
+        check_checkpoint_folder(target, argument="save_hub_checkpoint folder", replace=overwrite)
     if not target.exists() or not any(target.iterdir()):
         if target.is_dir():
             target.rmdir()

@@ -13,7 +13,16 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, HfApi
 from transformers.dynamic_module_utils import get_relative_imports
 
-from ..safe_files import CARD_FILE, CONFIG_FILES, MODEL_TYPE_PREFIX, PREPROCESSOR_FILES
+from ..safe_files import (
+    CARD_FILE,
+    CONFIG_FILES,
+    MODEL_TYPE_PREFIX,
+    PREPROCESSOR_FILES,
+    CorruptFileError,
+    check_checkpoint_files,
+    read_json_file,
+    weight_files,
+)
 from .model_card import REPO_PLACEHOLDER
 
 TEXT_SUFFIXES = (".json", ".md", ".py", ".txt", ".jinja")
@@ -125,7 +134,9 @@ def completed_config(folder: Path) -> tuple[dict, bool]:
     """`config.json` with `auto_map` listing exactly the model family's classes (a checkpoint of one head then loads
     with every Auto class under remote code, whichever class saved it; entries naming other code, e.g. carried over
     from a downloaded checkpoint, are dropped); and whether that changed it."""
-    config = json.loads((folder / "config.json").read_text())
+    config = read_json_file(folder / "config.json", "a config")
+    if not isinstance(config, dict):
+        raise CorruptFileError(f"{folder / 'config.json'}: not a config (a JSON object)")
     auto_map = config.get("auto_map") or {}
     family = family_auto_map(config.get("model_type", ""))
     completed = (family or auto_map) if auto_map else auto_map
@@ -141,7 +152,10 @@ def config_json_bytes(config: dict) -> bytes:
 def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
     """`{path in repo: local file}` of what a push uploads: weights, config, code, preprocessor, card, images.
 
-    Raises `HubPushError` when the folder is not a complete safetensors checkpoint with its code.
+    Only the checkpoint's own files, by exact name: the weights its loader reads (the shards its safetensors index
+    lists, else `model.safetensors`), never any other `*.safetensors` of the folder. Raises `HubPushError` when the
+    folder is not a complete safetensors checkpoint with its code, and `CorruptFileError` (naming the file) for a
+    damaged config or weight file.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -154,7 +168,8 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
         raise HubPushError(
             f"{folder} has no config.json: pass a folder written by save_pretrained or save_hub_checkpoint."
         )
-    weights = sorted(path.name for path in folder.glob("*.safetensors") if checked_file(folder, path.name))
+    check_checkpoint_files(folder)
+    weights = [name for name in weight_files(folder) if checked_file(folder, name)]
     if not weights:
         legacy = [path.name for path in folder.glob("*.bin") if path.name.startswith("pytorch_model")]
         hint = f" (found {', '.join(legacy)}: pickled weights are not uploaded)" if legacy else ""
@@ -162,7 +177,7 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
             f"{folder} has no safetensors weights{hint}; re-save with `model.save_pretrained(folder)`, which writes "
             "model.safetensors."
         )
-    saved_auto_map = json.loads((folder / "config.json").read_text()).get("auto_map") or {}
+    saved_auto_map = read_json_file(folder / "config.json").get("auto_map") or {}  # a JSON object: checked above
     for key, reference in saved_auto_map.items():  # refuse absolute or `..` references, even those the push drops
         auto_map_module(key, reference)
     config, _ = completed_config(folder)
@@ -172,7 +187,7 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
             f"{folder}/config.json has no auto_map, so the checkpoint would not load without damcha-hf; re-save it "
             "after `import damcha_hf` (which registers the classes for remote code)."
         )
-    names = list(CONFIG_FILES) + weights + [path.name for path in folder.glob("*.safetensors.index.json")]
+    names = list(CONFIG_FILES) + weights
     names += auto_map_code_files(folder, config.get("auto_map") or {}) + list(PREPROCESSOR_FILES)
     return checked_plan(folder, names)
 
@@ -201,7 +216,9 @@ def adapter_upload_plan(folder: Path) -> dict[str, Path]:
         raise HubPushError(
             f"{folder} has no {ADAPTER_WEIGHTS}; re-save the adapter with `peft_model.save_pretrained(folder)`."
         )
-    base = json.loads((folder / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path") or ""
+    check_checkpoint_files(folder)
+    adapter_config = read_json_file(folder / ADAPTER_CONFIG, "an adapter config")
+    base = (adapter_config.get("base_model_name_or_path") if isinstance(adapter_config, dict) else None) or ""
     if not re.fullmatch(r"([\w.-]+/)?[\w.-]+", base) or os.path.exists(base) or base.startswith("."):
         raise HubPushError(
             f"{folder}/{ADAPTER_CONFIG}: base_model_name_or_path {base!r} is not a Hub id, so the pushed adapter would "
@@ -308,6 +325,30 @@ def push_checkpoint(
     return commit.commit_url
 
 
+# A shorter piece of a token is too common a string to mask everywhere it occurs; one this long identifies it.
+SECRET_PIECE = 8
+
+
+def without_secret(text: str, secret: str) -> str:
+    """`text` with every run of characters that contains a piece of `secret` at least SECRET_PIECE long (the whole
+    token, the token cut short, its end) replaced by `<token>`."""
+    if len(secret) < SECRET_PIECE:
+        return text.replace(secret, "<token>") if secret else text
+    pieces = {secret[start : start + SECRET_PIECE] for start in range(len(secret) - SECRET_PIECE + 1)}
+    hidden = [False] * len(text)
+    for start in range(len(text) - SECRET_PIECE + 1):
+        if text[start : start + SECRET_PIECE] in pieces:
+            hidden[start : start + SECRET_PIECE] = [True] * SECRET_PIECE
+    shown, previous = [], False
+    for char, hide in zip(text, hidden, strict=True):
+        if not hide:
+            shown.append(char)
+        elif not previous:
+            shown.append("<token>")
+        previous = hide
+    return "".join(shown)
+
+
 @contextlib.contextmanager
 def _one_line_push_errors(repo_id: str, token: str):
     """A network, authentication or permission failure of a Hub call becomes one `HubPushError` line, without the
@@ -315,7 +356,7 @@ def _one_line_push_errors(repo_id: str, token: str):
     try:
         yield
     except Exception as error:
-        message = " ".join(str(error).split()).replace(token, "<token>") or type(error).__name__
+        message = without_secret(" ".join(str(error).split()), token) or type(error).__name__
         raise HubPushError(
             f"pushing to {repo_id} failed ({type(error).__name__}): {message[:300]}. Check the network, that the "
             "token has write access to the repository, and try again."

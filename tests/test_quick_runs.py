@@ -35,9 +35,9 @@ def quick_runs() -> list[tuple[str, float, float]]:
 
 def test_the_readme_lists_the_quick_runs():
     """The table the slow test reads: the Trainer recipes' quick runs and the speed benchmark's --quick preset (a
-    benchmarks/quality.py --quick row is checked the same way once it has a measured time)."""
+    experiments/quality.py --quick row is checked the same way once it has a measured time)."""
     commands = [command for command, _, _ in quick_runs()]
-    for expected in ("recipes/train_gpt2.py", "recipes/train_vit.py", "benchmarks/speed.py"):
+    for expected in ("recipes/train_gpt2.py", "recipes/train_vit.py", "experiments/speed.py"):
         assert any(expected in command for command in commands), expected
     assert any("--tokenizer bpe" in command for command in commands)
 

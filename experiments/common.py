@@ -122,6 +122,7 @@ def _stock_and_damcha_rows(
     attn_implementation: str = "sdpa",
     parameter_matched_mha: bool = False,
     dcmha_matched_mha: bool = False,
+    scores_form: bool = False,
 ) -> list[Row]:
     """The rows of one family: `classes` = (stock config, stock model, DAMCHA config, DAMCHA model), `mlp` = (the
     config field of the MLP width, its value).
@@ -131,6 +132,8 @@ def _stock_and_damcha_rows(
     `parameter_matched_mha` adds "MHA +params": the stock model with its MLPs widened until it has as many parameters
     as DAMCHA with `default_context` (to the nearest MLP unit), the control for DAMCHA's generator parameters;
     `dcmha_matched_mha` adds "MHA +DCMHA params", widened to DCMHA's count, the control for its dynamic projections.
+    `scores_form` adds "DAMCHA scores <context>" per context: the second reading of the metric (`metric_form="scores"`,
+    eager attention), with the same parameters and starting function as the first.
     """
     import torch
 
@@ -161,6 +164,11 @@ def _stock_and_damcha_rows(
         parameter_matched_mha=parameter_matched_mha, dcmha_matched_mha=dcmha_matched_mha,
     )  # fmt: skip
     rows += [Row(f"DAMCHA {context}", damcha(metric_context=context), "damcha") for context in contexts]
+    if scores_form:
+        rows += [
+            Row(f"DAMCHA scores {context}", damcha("eager", metric_context=context, metric_form="scores"), "damcha")
+            for context in contexts
+        ]
     if variants:
         rows += _variant_rows(mha, damcha, default_context)
     return rows

@@ -112,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--dcmha-matched-mha", action="store_true",
         help='add "MHA +DCMHA params": MHA with MLPs widened to DCMHA\'s parameter count',
     )  # fmt: skip
+    parser.add_argument(
+        "--scores-form", action="store_true",
+        help='add "DAMCHA scores <context>" rows: the second reading of the metric (metric_form="scores", eager)',
+    )  # fmt: skip
     parser.add_argument("--rows", nargs="+", help='run only these rows (e.g. "MHA +params"); default: all')
     upcycle = parser.add_argument_group("upcycling (--upcycle): pretrain MHA, then continue as MHA or converted")
     upcycle.add_argument("--upcycle", action="store_true", help="run the upcycling experiment instead of the rows")
@@ -302,7 +306,7 @@ def task_rows(builder, kwargs: dict, contexts: tuple, args) -> Callable[[int], l
     def rows(seed):
         built = builder(kwargs, contexts=contexts, metric_hidden_size=args.metric_hidden_size, seed=seed,
                         variants=False, parameter_matched_mha=args.parameter_matched_mha,
-                        dcmha_matched_mha=args.dcmha_matched_mha)  # fmt: skip
+                        dcmha_matched_mha=args.dcmha_matched_mha, scores_form=args.scores_form)  # fmt: skip
         return built if args.no_baselines else built + baseline_rows(built[0], seed)
 
     return rows

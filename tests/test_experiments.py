@@ -710,3 +710,21 @@ def test_the_product_never_imports_the_experiments():
         if any(line.lstrip().startswith(("import experiments", "from experiments")) for line in path.open())
     ]
     assert importers == []
+
+
+def test_scores_form_rows_start_from_the_mha_rows_function():
+    """The second reading's rows start as the seed's MHA exactly (generator at zero), on eager attention."""
+    import torch
+
+    from experiments.common import gpt2_config_kwargs, gpt2_rows
+
+    kwargs = gpt2_config_kwargs(layers=1, width=16, heads=4, positions=16, vocab=64)
+    rows = {row.name: row for row in gpt2_rows(kwargs, metric_hidden_size=8, seed=3, variants=False, scores_form=True)}
+    assert {"DAMCHA scores token", "DAMCHA scores query"} <= set(rows)
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = rows["MHA"].build().eval()(ids).logits
+        for name in ("DAMCHA scores token", "DAMCHA scores query"):
+            model = rows[name].build().eval()
+            assert model.config.metric_form == "scores" and model.config._attn_implementation == "eager"
+            torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=1e-5)

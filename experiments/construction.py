@@ -2,8 +2,9 @@
 
 - Construction time: `DamchaGPT2LMHeadModel(config)` and `GPT2LMHeadModel(config)`, alternated in one process over
   paired rounds; the ratio of each pair's times, its median and a bootstrap 95% interval over the pairs.
-- Peak memory of construction: each model built alone in a fresh process (`ru_maxrss` of that process, minus the
-  same process's resident set before building), alternated the same way.
+- Peak memory of construction: each model built alone in a fresh process (the process's peak resident set, minus
+  its resident set just before building, with the libraries and the model code already imported), alternated the
+  same way.
 - `from_pretrained` time: the two models saved once (safetensors), then loaded alternately.
 
     python experiments/construction.py                # 10 rounds
@@ -23,11 +24,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments.common import bootstrap_median_interval, interval_verdict, write_json_atomic  # noqa: E402
 
 MEMORY_PROBE = """
-import resource, sys, torch
+import os, resource, sys, torch
 import damcha_hf
 from transformers import GPT2Config, GPT2LMHeadModel
 torch.set_num_threads(1)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+damcha_hf.DamchaGPT2LMHeadModel, damcha_hf.DamchaGPT2Config  # the model code imported before measuring
+with open("/proc/self/statm") as statm:  # resident now, in kilobytes (ru_maxrss's unit on Linux)
+    before = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 if sys.argv[1] == "damcha":
     model = damcha_hf.DamchaGPT2LMHeadModel(damcha_hf.DamchaGPT2Config())
 else:

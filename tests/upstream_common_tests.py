@@ -41,12 +41,18 @@ def cache_dir(version: str = transformers.__version__) -> Path:
     return Path(base) / "damcha-hf" / "transformers-tests" / version
 
 
-def relative_imports(source: str) -> list[str]:
-    """The modules a test file imports relatively (`from .generation.test_utils import ...`), as package paths."""
+def relative_imports(module: str, source: str) -> list[str]:
+    """The modules, as dotted paths under `tests/`, that `module` (also a dotted path there) imports relatively."""
+    package = module.split(".")[:-1]
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-            found.append(node.module)
+        if not isinstance(node, ast.ImportFrom) or not node.level:
+            continue
+        base = package[: len(package) - (node.level - 1)]
+        if node.module:
+            found.append(".".join([*base, node.module]))
+        else:  # `from . import name`: each name is a module
+            found.extend(".".join([*base, alias.name]) for alias in node.names)
     return found
 
 
@@ -57,7 +63,7 @@ def extract_common_tests(sdist: Path, destination: Path) -> list[str]:
     """
     missing = []
     with tarfile.open(sdist) as archive:
-        tests_prefix = next(name for name in archive.getnames() if name.endswith("/tests")) + "/"
+        tests_prefix = archive.getnames()[0].split("/")[0] + "/tests/"
         pending, seen = list(ENTRY_MODULES), set()
         while pending:
             module = pending.pop()
@@ -68,15 +74,18 @@ def extract_common_tests(sdist: Path, destination: Path) -> list[str]:
             try:
                 member = archive.extractfile(tests_prefix + relative_path)
             except KeyError:
+                member = None
+            if member is None:
                 missing.append(module)
                 continue
             source = member.read()
             target = destination / relative_path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(source)
-            pending.extend(relative_imports(source.decode()))
+            pending.extend(relative_imports(module, source.decode()))
     # Every folder becomes a regular package: subfolders so that a stand-in package of the same name cannot merge
     # into them, the top one because test_configuration_common.py executes its folder's `__init__.py`.
+    destination.mkdir(parents=True, exist_ok=True)
     for folder in [destination, *(path for path in destination.rglob("*") if path.is_dir())]:
         (folder / "__init__.py").touch()
     return sorted(missing)

@@ -16,7 +16,6 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import randomize_metric
 from torch import nn
 from transformers import GPT2DoubleHeadsModel
 from transformers.models.auto.auto_factory import get_values
@@ -49,8 +48,9 @@ def stock_class_of(model_class) -> type:
     raise KeyError(model_class)
 
 
-def metric_generator_parameters(model) -> list[torch.Tensor]:
-    return [parameter for name, parameter in model.named_parameters() if "cross_head_metric" in name]
+def is_generator_output_layer(module_name: str) -> bool:
+    """The metric generator's output layer, by its checkpoint name (`...cross_head_metric.generators.0.fc_out`)."""
+    return ".cross_head_metric." in f".{module_name}." and module_name.endswith(".fc_out")
 
 
 class DamchaTesterMixin(ModelTesterMixin):
@@ -64,16 +64,20 @@ class DamchaTesterMixin(ModelTesterMixin):
 
     def setUp(self):
         if self.random_generator:
-            # Every model the mixin builds finishes its construction in `post_init`: give its generator random weights
-            # there, after the weight init (which starts the generator's output at zero).
+            # The weight init starts the generator's output layer at zero: follow it with random weights there, in
+            # `_init_weights` itself, so that a model built by `__init__` and one whose weights `from_pretrained`
+            # initialises (the mixin compares the two) get the same ones.
             for model_class in self.all_model_classes:
-                original = model_class.post_init
+                original = model_class._init_weights
 
-                def post_init_then_randomize(model, original=original):
-                    original(model)
-                    randomize_metric(model)
+                def init_then_randomize_the_generator_output(model, module, original=original):
+                    original(model, module)
+                    output_layers = [m for n, m in model.named_modules() if is_generator_output_layer(n)]
+                    if any(module is layer for layer in output_layers):
+                        nn.init.normal_(module.weight, std=0.5)
+                        nn.init.normal_(module.bias, std=0.5)
 
-                patcher = mock.patch.object(model_class, "post_init", post_init_then_randomize)
+                patcher = mock.patch.object(model_class, "_init_weights", init_then_randomize_the_generator_output)
                 patcher.start()
                 self.addCleanup(patcher.stop)
         self.set_up_testers()
@@ -171,11 +175,12 @@ class DamchaTesterMixin(ModelTesterMixin):
     def test_generator_is_zero_or_random_as_this_class_says(self):
         config, _ = self.model_tester.prepare_config_and_inputs_for_common()
         model = self.all_model_classes[0](config)
-        generator = metric_generator_parameters(model)
-        self.assertTrue(generator)
-        # At zero, the output layer's weight and bias are all zero; random, no generator tensor is.
-        all_zero = [parameter for parameter in generator if parameter.abs().max() == 0]
-        self.assertEqual(all_zero == [], self.random_generator)
+        output_layers = [m for n, m in model.named_modules() if is_generator_output_layer(n)]
+        self.assertTrue(output_layers)
+        for layer in output_layers:
+            for parameter in (layer.weight, layer.bias):
+                self.assertEqual(bool(parameter.abs().min() > 0), self.random_generator)
+                self.assertEqual(bool(parameter.abs().max() == 0), not self.random_generator)
 
 
 # --- GPT-2 ------------------------------------------------------------------------------------------------------------

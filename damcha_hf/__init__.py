@@ -7,7 +7,8 @@ them for remote code so that `save_pretrained` writes an `auto_map` and copies t
 Public API:
     DamchaGPT2Config, DamchaGPT2Model, DamchaGPT2LMHeadModel, DamchaGPT2ForSequenceClassification,
         DamchaGPT2ForTokenClassification, DamchaGPT2ForQuestionAnswering, DamchaGPT2DoubleHeadsModel
-    DamchaLlamaConfig, DamchaLlamaModel, DamchaLlamaForCausalLM, DamchaLlamaForSequenceClassification   (GQA too)
+    DamchaLlamaConfig, DamchaLlamaModel, DamchaLlamaForCausalLM, DamchaLlamaForSequenceClassification,
+        DamchaLlamaForQuestionAnswering, DamchaLlamaForTokenClassification   (GQA too)
     DamchaViTConfig, DamchaViTModel, DamchaViTForImageClassification, DamchaViTForMaskedImageModeling
         (DamchaViTConfig.vit_small_patch16_224())
     convert_to_damcha(model, **metric_options)   an in-memory GPT-2, Llama or ViT model -> its DAMCHA counterpart
@@ -30,7 +31,9 @@ from .modeling.modeling_damcha_gpt2 import (
 )
 from .modeling.modeling_damcha_llama import (
     DamchaLlamaForCausalLM,
+    DamchaLlamaForQuestionAnswering,
     DamchaLlamaForSequenceClassification,
+    DamchaLlamaForTokenClassification,
     DamchaLlamaModel,
 )
 from .modeling.modeling_damcha_vit import (
@@ -56,6 +59,8 @@ __all__ = [
     "DamchaLlamaModel",
     "DamchaLlamaForCausalLM",
     "DamchaLlamaForSequenceClassification",
+    "DamchaLlamaForQuestionAnswering",
+    "DamchaLlamaForTokenClassification",
     "DamchaViTConfig",
     "DamchaViTModel",
     "DamchaViTForImageClassification",

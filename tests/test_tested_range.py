@@ -6,7 +6,9 @@ newest, with no minor version in between left untested.
 """
 
 import configparser
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -41,7 +43,7 @@ def test_tested_releases_are_ascending_and_one_per_consecutive_minor_version():
 
 def test_ci_runs_exactly_the_tested_releases():
     listed = subprocess.run(["bash", str(REPO / ".ci" / "run"), "--versions"], capture_output=True, text=True,
-                            check=True, cwd=REPO, timeout=60)  # fmt: skip
+                            check=True, cwd=REPO, timeout=60, env={**os.environ, "PYTHON": sys.executable})  # fmt: skip
     assert listed.stdout.split() == list(TESTED_TRANSFORMERS)
 
 

@@ -212,21 +212,6 @@ def test_future_tokens_do_not_change_past_logits(variant):
     assert (a[:, 8:] - b[:, 8:]).abs().max() > 1e-3  # the change is visible where it is allowed to be
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_generate_with_cache_equals_without(variant):
-    model = variant_lm(variant)
-    ids = tokens(seq=6)
-    padding = torch.ones_like(ids)
-    padding[1, :2] = 0
-    settings = dict(max_new_tokens=12, do_sample=False, output_logits=True, return_dict_in_generate=True)
-    with torch.no_grad():
-        cached = model.generate(ids, attention_mask=padding, use_cache=True, **settings)
-        uncached = model.generate(ids, attention_mask=padding, use_cache=False, **settings)
-    assert cached.sequences.shape == (2, 18)
-    assert torch.equal(cached.sequences, uncached.sequences)
-    torch.testing.assert_close(torch.stack(cached.logits), torch.stack(uncached.logits), rtol=1e-4, atol=1e-4)
-
-
 def test_dcmha_cache_stores_key_weights_per_position():
     """Prefill then token-by-token decoding equals one full forward, and the cache keeps DCMHA's key-side weights
     (2 (2R + 1) numbers per head and position) next to the keys."""

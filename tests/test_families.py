@@ -1,11 +1,16 @@
 """The contract every DAMCHA architecture meets, run for each family of `damcha_hf.families.FAMILIES`.
 
 A new family plugs in by adding a `FamilyCase` (a tiny stock config and its inputs) to `CASES`; every head its
-declaration lists is then checked against the stock transformers class it converts from (outputs equal, eager equals
-SDPA, cache equals no cache, save/load through its Auto class, gradient checkpointing, remote code without the plugin).
+declaration lists, and every metric context it offers, is then checked against the stock transformers class it
+converts from: conversion and loading a stock checkpoint are exact at a zero generator; eager equals SDPA; the
+attention maps are probability maps; save/load through the Auto class round-trips exactly; gradient checkpointing
+gives the same gradients; a checkpoint loads as remote code without the plugin. Causal families also: generation with
+a dynamic or static cache equals generation without one and one full forward pass, future tokens leave past logits
+alone, and a left-padded batch generates what each row generates alone.
 Per-family files (test_gpt2.py, test_llama.py, test_vit.py) keep what is specific to one architecture.
 """
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,7 +18,7 @@ import pytest
 import torch
 import transformers
 from conftest import TINY_VIT, randomize_metric, tiny_gpt2_config, tiny_llama_config
-from test_remote_code import load_in_fresh_process
+from test_remote_code import load_checkpoints_in_fresh_process
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 import damcha_hf
@@ -48,7 +53,11 @@ CASES = {
 }  # fmt: skip
 HEADS = [(name, head) for name, case in CASES.items() for head in case.family.heads]
 CONTEXTS = [(name, context) for name, case in CASES.items() for context in case.contexts]
-CAUSAL = [name for name, case in CASES.items() if case.family.causal]
+CAUSAL_CONTEXTS = [(name, context) for name, context in CONTEXTS if CASES[name].family.causal]
+# Every head with the family's first context, and the task head with each other context.
+SAVE_CASES = [(name, head, CASES[name].contexts[0]) for name, head in HEADS] + [
+    (name, CASES[name].family.task_head, context) for name, context in CONTEXTS if context != CASES[name].contexts[0]
+]
 
 
 def stock_auto_classes(stock_class) -> list[type]:
@@ -72,6 +81,31 @@ def first_output(outputs) -> torch.Tensor:
     return outputs.logits if getattr(outputs, "logits", None) is not None else outputs[0]
 
 
+def assert_generator_starts_at_zero(model):
+    """The generator's output layer is zero (so C = I and the model is MHA) and its input layer random (so gradient
+    reaches it once the output layer moves)."""
+    generator = {key: tensor for key, tensor in model.state_dict().items() if ".cross_head_metric." in f".{key}"}
+    output_layer = [tensor for key, tensor in generator.items() if ".fc_out." in key]
+    input_weights = [tensor for key, tensor in generator.items() if key.endswith("fc_in.weight")]
+    assert output_layer and all(torch.equal(tensor, torch.zeros_like(tensor)) for tensor in output_layer)
+    assert input_weights and all(tensor.std() > 1e-3 for tensor in input_weights)
+
+
+def assert_same_weights_plus_only_the_generator(stock, damcha):
+    stock_state, damcha_state = stock.state_dict(), damcha.state_dict()
+    for key, tensor in stock_state.items():
+        assert torch.equal(damcha_state[key], tensor), key
+    extra = sorted(set(damcha_state) - set(stock_state))
+    assert extra and all(".cross_head_metric." in f".{key}" for key in extra), extra
+
+
+def left_padded(input_ids: torch.Tensor, padding: int = 3) -> torch.Tensor:
+    """An attention mask that pads the first `padding` positions of the second row."""
+    mask = torch.ones_like(input_ids)
+    mask[1, :padding] = 0
+    return mask
+
+
 def trained_model(name: str, head: DamchaHead | None = None, attn: str = "sdpa", **options):
     """A DAMCHA model of the family's task head (or `head`), converted from a random stock model, with a non-zero
     ("trained") metric generator."""
@@ -90,6 +124,8 @@ def test_every_family_has_a_case_and_a_consistent_declaration():
         assert family_for_model_type(family.model_type) is family is family_for_model_type(family.damcha_model_type)
         assert family.heads[0].auto_class == "AutoModel" and family.task_head.pipeline_tag
         assert type(transformers.AutoConfig.for_model(family.damcha_model_type)) is family.config_class
+        if family.causal:  # generate() checks for GenerationMixin among the direct bases, as in stock classes
+            assert transformers.GenerationMixin in family.task_head.model_class.__bases__
         for head in family.heads:
             assert issubclass(head.model_class, head.stock_class)  # DAMCHA classes extend the stock ones
             config = family.config_class(**CASES[family.model_type].stock_config().to_dict())
@@ -99,51 +135,165 @@ def test_every_family_has_a_case_and_a_consistent_declaration():
             assert type(getattr(transformers, head.auto_class).from_config(config)) is head.model_class
 
 
+# --- a zero generator is the stock model ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sharing", ["stack", "layer"])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("name, head", HEADS, ids=head_id)
-def test_conversion_equals_the_stock_model(name, head):
+def test_conversion_equals_the_stock_model(name, head, attn, sharing):
     case = CASES[name]
     stock = head.stock_class(case.stock_config()).eval()
+    stock.set_attn_implementation(attn)
     for context in case.contexts:
-        damcha = damcha_hf.convert_to_damcha(stock, metric_context=context)
-        assert type(damcha) is head.model_class and damcha.config.metric_context == context
+        damcha = damcha_hf.convert_to_damcha(stock, metric_context=context, metric_sharing=sharing)
+        assert type(damcha) is head.model_class and not damcha.training
+        assert (damcha.config.metric_context, damcha.config.metric_sharing) == (context, sharing)
+        assert damcha.config._attn_implementation == attn
+        assert_same_weights_plus_only_the_generator(stock, damcha)
+        assert_generator_starts_at_zero(damcha)
         with torch.no_grad():
-            expected, got = first_output(stock(**case.inputs())), first_output(damcha(**case.inputs()))
-        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+            expected = stock(**case.inputs(), output_hidden_states=True)
+            got = damcha(**case.inputs(), output_hidden_states=True)
+        torch.testing.assert_close(first_output(got), first_output(expected), rtol=0, atol=1e-5)
+        for got_hidden, expected_hidden in zip(got.hidden_states, expected.hidden_states, strict=True):
+            torch.testing.assert_close(got_hidden, expected_hidden, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name, context", CONTEXTS)
+def test_loading_a_stock_checkpoint_keeps_every_weight_and_equals_the_stock_model(name, context, tmp_path):
+    case = CASES[name]
+    head = case.family.task_head
+    stock = head.stock_class(case.stock_config()).eval()
+    stock.save_pretrained(tmp_path)
+    damcha = head.model_class.from_pretrained(tmp_path, metric_context=context).eval()
+    assert damcha.config.model_type == case.family.damcha_model_type and damcha.config.metric_context == context
+    assert_same_weights_plus_only_the_generator(stock, damcha)
+    assert_generator_starts_at_zero(damcha)
+    with torch.no_grad():
+        torch.testing.assert_close(first_output(damcha(**case.inputs())), first_output(stock(**case.inputs())),
+                                   rtol=0, atol=1e-5)  # fmt: skip
+
+
+# --- inference paths --------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name, context", CONTEXTS)
 def test_eager_equals_sdpa(name, context):
     model = trained_model(name, attn="eager", metric_context=context)
     inputs = CASES[name].inputs()
+    masks = [None]
+    if "input_ids" in inputs:
+        masks.append(left_padded(inputs["input_ids"]))
+    for mask in masks:
+        kept = slice(None) if mask is None else mask.bool()
+        with torch.no_grad():
+            model.set_attn_implementation("eager")
+            eager = first_output(model(**inputs, attention_mask=mask))[kept]
+            model.set_attn_implementation("sdpa")
+            sdpa = first_output(model(**inputs, attention_mask=mask))[kept]
+        torch.testing.assert_close(sdpa, eager, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name, context", CONTEXTS)
+def test_attention_maps_are_probability_maps(name, context):
+    model = trained_model(name, attn="eager", metric_context=context)
+    inputs = CASES[name].inputs()
+    config = model.config
+    if "input_ids" in inputs:
+        length = inputs["input_ids"].shape[1]
+    else:
+        length = (config.image_size // config.patch_size) ** 2 + 1  # the patches and the CLS token
     with torch.no_grad():
-        eager = first_output(model(**inputs))
-        model.set_attn_implementation("sdpa")
-        sdpa = first_output(model(**inputs))
-    torch.testing.assert_close(sdpa, eager, rtol=1e-4, atol=1e-5)
+        outputs = model(**inputs, output_attentions=True, output_hidden_states=True)
+    assert len(outputs.attentions) == config.num_hidden_layers == len(outputs.hidden_states) - 1
+    for attention in outputs.attentions:
+        assert attention.shape == (2, config.num_attention_heads, length, length)
+        torch.testing.assert_close(attention.sum(-1), torch.ones(2, config.num_attention_heads, length))
+        if CASES[name].family.causal:
+            assert torch.all(attention.triu(1) == 0)
 
 
-@pytest.mark.parametrize("name", CAUSAL)
-@pytest.mark.parametrize("context", ["token", "query"])
-def test_generation_with_the_cache_equals_without(name, context):
+# --- causal families: the cache, causality, padding -------------------------------------------------------------------
+
+
+def generate(model, prompt, attention_mask, **settings):
+    return model.generate(prompt, attention_mask=attention_mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                          output_logits=True, return_dict_in_generate=True, **settings)  # fmt: skip
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("name, context", CAUSAL_CONTEXTS)
+def test_generation_with_a_dynamic_or_static_cache_equals_without_and_the_full_forward(name, context, attn):
+    model = trained_model(name, attn=attn, metric_context=context)
+    prompt = CASES[name].inputs()["input_ids"][:, :6]
+    mask = left_padded(prompt, padding=2)
+    with torch.no_grad():
+        uncached = generate(model, prompt, mask, use_cache=False)
+        dynamic = generate(model, prompt, mask)
+        static = generate(model, prompt, mask, cache_implementation="static")
+        uncached_logits = torch.stack(uncached.logits, 1)
+        for cached in (dynamic, static):
+            assert torch.equal(cached.sequences, uncached.sequences)
+            torch.testing.assert_close(torch.stack(cached.logits, 1), uncached_logits, rtol=1e-4, atol=1e-4)
+        # The unpadded row against one forward pass over what it generated.
+        full = model(uncached.sequences[:1, :-1]).logits[0, prompt.shape[1] - 1 :]
+        torch.testing.assert_close(uncached_logits[0], full, rtol=1e-4, atol=1e-4)
+        # The generator moves the logits by ten times the tolerance above, so a cache path that dropped it would show.
+        stock = CASES[name].family.task_head.stock_class(CASES[name].stock_config()).eval()
+        stock.load_state_dict(model.state_dict(), strict=False)
+        assert (stock(prompt[:1]).logits[0, -1] - uncached_logits[0, 0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name, context", CAUSAL_CONTEXTS)
+def test_future_tokens_do_not_change_past_logits(name, context):
     model = trained_model(name, metric_context=context)
-    prompt = CASES[name].inputs()["input_ids"][:, :5]
-    settings = dict(
-        max_new_tokens=12, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True
-    )
-    cached = model.generate(prompt, attention_mask=torch.ones_like(prompt), use_cache=True, **settings)
-    uncached = model.generate(prompt, attention_mask=torch.ones_like(prompt), use_cache=False, **settings)
-    assert torch.equal(cached.sequences, uncached.sequences)
-    torch.testing.assert_close(torch.stack(cached.logits, 1), torch.stack(uncached.logits, 1), rtol=1e-4, atol=1e-4)
+    ids = CASES[name].inputs()["input_ids"]
+    changed = ids.clone()
+    changed[:, 5:] = (changed[:, 5:] + 7) % 97
+    with torch.no_grad():
+        original, altered = model(ids).logits, model(changed).logits
+    torch.testing.assert_close(original[:, :5], altered[:, :5], rtol=0, atol=1e-5)
+    assert (original[:, 5:] - altered[:, 5:]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("name, head", HEADS, ids=head_id)
-def test_save_and_load_through_the_auto_class_round_trips_exactly(name, head, tmp_path):
-    model = trained_model(name, head, metric_sharing="layer", metric_mask="diagonal")
+@pytest.mark.parametrize("name, context", CAUSAL_CONTEXTS)
+def test_left_padded_batch_generates_what_each_row_generates_alone(name, context):
+    model = trained_model(name, metric_context=context)
+    ids = CASES[name].inputs()["input_ids"]
+    short, long = ids[:1, :4], ids[1:, :7]
+    batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1), long])
+    mask = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(short)], 1),
+                      torch.ones_like(long)])  # fmt: skip
+    padded = generate(model, batch, mask)
+    for row, single in enumerate((short, long)):
+        alone = generate(model, single, torch.ones_like(single))
+        assert torch.equal(padded.sequences[row, 7:], alone.sequences[0, single.shape[1] :])
+        torch.testing.assert_close(torch.stack(padded.logits, 1)[row], torch.stack(alone.logits, 1)[0],
+                                   rtol=1e-4, atol=1e-4)  # fmt: skip
+
+
+# --- save and load ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, head, context", SAVE_CASES, ids=head_id)
+def test_save_and_load_through_the_auto_class_round_trips_exactly(name, head, context, tmp_path):
+    model = trained_model(name, head, metric_context=context, metric_sharing="layer", metric_mask="diagonal",
+                          metric_hidden_size=12)  # fmt: skip
     model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file() and not list(tmp_path.glob("*.bin"))
+    saved_config = json.loads((tmp_path / "config.json").read_text())
+    assert saved_config["model_type"] == CASES[name].family.damcha_model_type
+    saved_options = {key: saved_config[key] for key in ("metric_context", "metric_sharing", "metric_mask",
+                                                        "metric_hidden_size")}  # fmt: skip
+    assert saved_options == {"metric_context": context, "metric_sharing": "layer", "metric_mask": "diagonal",
+                             "metric_hidden_size": 12}  # fmt: skip
     loader = getattr(transformers, head.auto_class) if head.auto_class else head.model_class
     loaded = loader.from_pretrained(tmp_path).eval()
     assert type(loaded) is head.model_class
-    assert (loaded.config.metric_sharing, loaded.config.metric_mask) == ("layer", "diagonal")
+    # Every config field comes back, except where the config was loaded from.
+    assert {**loaded.config.to_dict(), "_name_or_path": ""} == {**model.config.to_dict(), "_name_or_path": ""}
+    assert loaded.state_dict().keys() == model.state_dict().keys()
     for key, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], tensor), key
     inputs = CASES[name].inputs()
@@ -151,9 +301,12 @@ def test_save_and_load_through_the_auto_class_round_trips_exactly(name, head, tm
         assert torch.equal(first_output(loaded(**inputs)), first_output(model(**inputs)))
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_gradient_checkpointing_gives_the_same_gradients(name):
-    model = trained_model(name, metric_context=CASES[name].contexts[0]).train()
+# --- training ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, context", CONTEXTS)
+def test_gradient_checkpointing_gives_the_same_gradients(name, context):
+    model = trained_model(name, metric_context=context).train()
     inputs = CASES[name].inputs()
     labels = inputs["input_ids"] if CASES[name].family.causal else torch.tensor([0, 2])
 
@@ -176,24 +329,39 @@ def test_gradient_checkpointing_gives_the_same_gradients(name):
         torch.testing.assert_close(checkpointed[key], gradient, rtol=1e-4, atol=1e-6, msg=key)
 
 
+# --- remote code ------------------------------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize("name", CASES)
-def test_checkpoint_loads_with_remote_code_without_the_plugin(name, tmp_path):
-    model = trained_model(name)  # a non-identity C, so the copied metric code must really run
-    folder = tmp_path / "checkpoint"
-    model.save_pretrained(folder)
-    inputs = CASES[name].inputs()
-    with torch.no_grad():
-        expected = first_output(model(**inputs))
-    heads = [model_head for model_head in CASES[name].family.heads if model_head.model_class is type(model)]
-    heads += [other for other in CASES[name].family.heads if other not in heads]
-    heads = [head for head in heads if head.auto_class]  # remote code loads through an Auto class
-    stock = CASES[name].family.head_of(type(model)).stock_class.from_pretrained(folder).eval()
-    with torch.no_grad():  # the stock class reads the same weights: the copied metric code must make the difference
-        assert not torch.allclose(first_output(stock(**inputs)), expected, atol=1e-3)
-    report = load_in_fresh_process(folder, inputs, [head.auto_class for head in heads], tmp_path / "fresh")
-    assert report["damcha_hf_importable"] is False and report["plugin_modules"] == []
-    for head in heads:
-        module, class_name = report["classes"][head.auto_class]
-        assert class_name == head.model_class.__name__ and module.startswith("transformers_modules.")
-        assert module.endswith("." + head.model_class.__module__.rsplit(".", 1)[-1])  # the copied model file
-    assert torch.equal(report["logits"], expected)
+def test_checkpoints_load_with_remote_code_without_the_plugin(name, tmp_path):
+    """A checkpoint of each context the family offers, all loaded in one fresh interpreter without the plugin."""
+    case = CASES[name]
+    task_head = case.family.task_head
+    # Every head with an Auto class (remote code loads through one) that reads the task head's checkpoint: the same
+    # base-model prefix (stock LlamaForQuestionAnswering keeps its base model under another name than the others).
+    heads = [task_head] + [
+        head
+        for head in case.family.heads
+        if head is not task_head and head.auto_class
+        and head.model_class.base_model_prefix == task_head.model_class.base_model_prefix
+    ]  # fmt: skip
+    auto_classes = [head.auto_class for head in heads]
+    inputs, checkpoints, expected = case.inputs(), [], {}
+    for context in case.contexts:
+        model = trained_model(name, metric_context=context)  # a non-identity C: the copied metric code must run
+        folder = tmp_path / context
+        model.save_pretrained(folder)
+        with torch.no_grad():
+            expected[context] = first_output(model(**inputs))
+        stock = case.family.task_head.stock_class.from_pretrained(folder).eval()
+        with torch.no_grad():  # the stock class reads the same weights: the copied metric code makes the difference
+            assert not torch.allclose(first_output(stock(**inputs)), expected[context], atol=1e-3)
+        checkpoints.append((folder, inputs, auto_classes))
+    reports = load_checkpoints_in_fresh_process(checkpoints, tmp_path / "fresh")
+    for context, report in zip(case.contexts, reports, strict=True):
+        assert report["damcha_hf_importable"] is False and report["plugin_modules"] == []
+        for head in heads:
+            module, class_name = report["classes"][head.auto_class]
+            assert class_name == head.model_class.__name__ and module.startswith("transformers_modules.")
+            assert module.endswith("." + head.model_class.__module__.rsplit(".", 1)[-1])  # the copied model file
+        assert torch.equal(report["logits"], expected[context]), context

@@ -1,7 +1,8 @@
-"""DAMCHA ViT against vanilla ViT and a naive per-head-pair oracle."""
+"""What is specific to DAMCHA ViT: the whole classifier against a naive per-head-pair oracle, the per-image metric,
+the pooler and old checkpoint key names, PEFT, image sizes and processors, presets and bad input. What every family
+must do (conversion, save/load, attention maps, remote code) is in test_families.py."""
 
 import copy
-import json
 import math
 
 import numpy as np
@@ -9,9 +10,8 @@ import pytest
 import torch
 from conftest import randomize_metric, tiny_damcha_vit_config, tiny_vit_config
 from huggingface_hub.errors import StrictDataclassClassValidationError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import (
-    AutoModelForImageClassification,
     ViTForImageClassification,
     ViTImageProcessor,
     ViTModel,
@@ -150,24 +150,7 @@ def test_sequence_context_gives_each_image_its_own_metric():
     torch.testing.assert_close(batched, singles, rtol=1e-5, atol=1e-6)
 
 
-# --- conversion: the zero generator is exactly ViT ---------------------------------------------------------------
-
-
-@pytest.mark.parametrize("context", CONTEXTS)
-def test_converted_vit_equals_vanilla(context):
-    vanilla = vanilla_vit("sdpa")
-    damcha = damcha_hf.convert_to_damcha(vanilla, metric_context=context)
-    assert isinstance(damcha, DamchaViTForImageClassification) and not damcha.training
-    assert damcha.config.metric_context == context and damcha.config.model_type == "damcha_vit"
-    assert all(torch.equal(layer.weight, torch.zeros_like(layer.weight)) for layer in generator_output_layers(damcha))
-    for name, parameter in vanilla.state_dict().items():
-        assert torch.equal(damcha.state_dict()[name], parameter), name
-    pixels = images()
-    expected = vanilla(pixels, output_hidden_states=True)
-    got = damcha(pixels, output_hidden_states=True)
-    assert (got.logits - expected.logits).abs().max() < 1e-5
-    for got_hidden, expected_hidden in zip(got.hidden_states, expected.hidden_states, strict=True):
-        assert (got_hidden - expected_hidden).abs().max() < 1e-5
+# --- conversion: the pooler and old key names ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("add_pooling_layer", [True, False])
@@ -181,23 +164,6 @@ def test_converted_vit_base_model_equals_vanilla(add_pooling_layer):
     assert (got.last_hidden_state - expected.last_hidden_state).abs().max() < 1e-5
     if add_pooling_layer:
         assert (got.pooler_output - expected.pooler_output).abs().max() < 1e-5
-
-
-@pytest.mark.parametrize("context", CONTEXTS)
-def test_from_pretrained_vanilla_checkpoint_equals_vanilla(tmp_path, context):
-    vanilla = vanilla_vit("sdpa")
-    vanilla.save_pretrained(tmp_path)
-    damcha = DamchaViTForImageClassification.from_pretrained(tmp_path, metric_context=context).eval()
-    assert damcha.config.metric_context == context
-    for name, parameter in vanilla.state_dict().items():
-        assert torch.equal(damcha.state_dict()[name], parameter), name
-    # The generator is missing from the checkpoint: its output layer must start at zero, its input layer random.
-    generator = damcha.vit.cross_head_metric.generators[0]
-    assert torch.equal(generator.fc_out.weight, torch.zeros_like(generator.fc_out.weight))
-    assert torch.equal(generator.fc_out.bias, torch.zeros_like(generator.fc_out.bias))
-    assert generator.fc_in.weight.std() > 1e-3
-    pixels = images()
-    assert (damcha(pixels).logits - vanilla(pixels).logits).abs().max() < 1e-5
 
 
 OLD_VIT_NAMES = [  # transformers 5 name -> the name in checkpoints written before it
@@ -231,16 +197,7 @@ def test_checkpoint_with_old_vit_key_names_loads(tmp_path):
     torch.testing.assert_close(damcha(pixels).logits, vanilla(pixels).logits, rtol=0, atol=1e-6)
 
 
-# --- backends, outputs, training ---------------------------------------------------------------------------------
-
-
-def test_output_attentions_are_probability_maps():
-    model = damcha_vit("token")
-    outputs = model(images(batch=2), output_attentions=True, output_hidden_states=True)
-    assert len(outputs.attentions) == 2 and len(outputs.hidden_states) == 3
-    for attention_map in outputs.attentions:
-        assert attention_map.shape == (2, 4, 50, 50)  # 7 x 7 patches + CLS
-        torch.testing.assert_close(attention_map.sum(-1), torch.ones(2, 4, 50), rtol=0, atol=1e-5)
+# --- training ---------------------------------------------------------------------------------------------------
 
 
 def test_one_optimiser_step_lowers_the_loss_and_trains_the_generator():
@@ -278,29 +235,6 @@ def test_peft_modules_to_save_wrapper_is_the_metric_used():
     got = lora(pixel_values=pixels).logits
     torch.testing.assert_close(got, reference(pixels).logits, rtol=0, atol=1e-6)
     assert (got - before).abs().max() > 1e-4
-
-
-# --- save, load, Auto classes ------------------------------------------------------------------------------------
-
-
-def test_save_load_round_trip_is_exact(tmp_path):
-    model = damcha_vit("query", metric_mask="diagonal", metric_sharing="layer", metric_hidden_size=8)
-    model.save_pretrained(tmp_path)
-    assert (tmp_path / "model.safetensors").exists() and not (tmp_path / "pytorch_model.bin").exists()
-    saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["model_type"] == "damcha_vit"
-    assert (saved["metric_context"], saved["metric_mask"], saved["metric_sharing"]) == ("query", "diagonal", "layer")
-    assert any("cross_head_metric" in key for key in load_file(tmp_path / "model.safetensors"))
-
-    loaded = AutoModelForImageClassification.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    assert type(loaded) is DamchaViTForImageClassification
-    assert loaded.config.metric_hidden_size == 8
-    state, loaded_state = model.state_dict(), loaded.state_dict()
-    assert state.keys() == loaded_state.keys()
-    for name in state:
-        assert torch.equal(state[name], loaded_state[name]), name
-    pixels = images()
-    assert torch.equal(model(pixels).logits, loaded(pixels).logits)
 
 
 # --- images: processors and sizes --------------------------------------------------------------------------------

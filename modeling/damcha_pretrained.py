@@ -145,6 +145,12 @@ class DamchaPreTrainedMixin:
         """The family's `*PreTrainedModel` (e.g. `DamchaGPT2PreTrainedModel`), which every class of the family extends."""
         return next(base for base in cls.__mro__ if DamchaPreTrainedMixin in base.__bases__)
 
+    def _initialize_weights(self, module, is_custom_code: bool = False):
+        # transformers initialises a class defined outside it ("custom code") by a shortcut that marks a module without
+        # weights of its own (an attention layer) as done without calling `_init_weights`, which skips GPT-2's scaled
+        # init of `c_proj`. The DAMCHA classes initialise through the stock `_init_weights`, so they take the stock path.
+        super()._initialize_weights(module, False)
+
     def _init_weights(self, module):
         super()._init_weights(module)
         init_cross_head_weights(module, std=self.config.initializer_range)

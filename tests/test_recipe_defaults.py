@@ -37,19 +37,19 @@ def corpus(tmp_path_factory) -> str:
     return str(path)
 
 
-def readme_commands(script: str) -> list[list[str]]:
-    """The arguments of every `python recipes/<script>` command in the README."""
+def documented_commands(script: str) -> list[list[str]]:
+    """The arguments of every `python recipes/<script>` command in the recipes page of the documentation."""
     commands = []
-    for line in (REPO / "README.md").read_text().splitlines():
+    for line in (REPO / "docs" / "recipes.md").read_text().splitlines():
         if line.startswith(f"python recipes/{script}"):
             words = shlex.split(line.split("#")[0])
             commands.append(words[2:])
     return commands
 
 
-def test_readme_train_gpt2_commands_get_distinct_output_folders(tmp_path, monkeypatch):
+def test_documented_train_gpt2_commands_get_distinct_output_folders(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    commands = readme_commands("train_gpt2.py")
+    commands = documented_commands("train_gpt2.py")
     assert len(commands) >= 2
     recipe = load_recipe("train_gpt2")
     folders = [Path(recipe.parse_args(arguments).output_dir).resolve() for arguments in commands]

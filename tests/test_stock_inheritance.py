@@ -164,3 +164,15 @@ def test_untested_transformers_releases_get_one_warning():
     for version in ("5.99.0", "5.22.0", "6.0.0.dev0"):
         with pytest.warns(UserWarning, match=f"this is transformers {version}"):
             assert warn_if_untested_transformers(version) is True
+
+
+@pytest.mark.parametrize("model_class", [damcha_hf.DamchaGPT2Model, damcha_hf.DamchaGPT2LMHeadModel])
+def test_gpt2_residual_projections_get_the_stock_scaled_init(model_class):
+    """GPT-2 initialises `c_proj` with std initializer_range / sqrt(2 n_layer), from its stock `_init_weights`."""
+    config = tiny_damcha_gpt2_config(n_layer=8, n_embd=256, n_head=4)
+    base = model_class(config).base_model
+    scaled = config.initializer_range / (2 * config.n_layer) ** 0.5
+    for layer in base.h:
+        for projection in (layer.attn.c_proj, layer.mlp.c_proj):
+            assert projection.weight.std().item() == pytest.approx(scaled, rel=0.05)
+        assert layer.attn.c_attn.weight.std().item() == pytest.approx(config.initializer_range, rel=0.05)

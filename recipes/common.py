@@ -2,7 +2,7 @@
 
 Copy this file along with the recipe you copy. Data loading lives in `damcha_hf.data`, metrics in `damcha_hf.metrics`.
 
-Parsing imports only the standard library (the recipes import torch, transformers and damcha_hf after it), so
+Parsing imports only the standard library and the torch-free parts of damcha_hf (torch and transformers come after it), so
 `--help` is instant and a bad argument or output folder fails at once, before any data is loaded. Errors end a recipe
 with one line on stderr and exit code 2; `--debug` or `DAMCHA_HF_DEBUG=1` shows the traceback (`run_recipe`).
 """
@@ -16,17 +16,12 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-try:
-    from damcha_hf_cli import light_import
-except ModuleNotFoundError:  # an install older than damcha_hf_cli (editable installs: re-run `pip install -e .`)
-    from importlib import import_module as light_import
+from damcha_hf import argument_checks as checks
+from damcha_hf import data_sources, safe_files
+from damcha_hf.modeling import damcha_config as options
 
 if TYPE_CHECKING:
     import torch
-
-checks = light_import("damcha_hf.argument_checks")
-safe_files = light_import("damcha_hf.safe_files")
-options = light_import("damcha_hf.modeling.damcha_config")
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 # What a recipe writes directly in --output-dir: Trainer / Accelerate checkpoints, the final model, the results.
@@ -291,7 +286,7 @@ def saved_model_config(checkpoint: str) -> dict:
 
 def run_recipe(main) -> None:
     """`sys.exit(main())` for a recipe's `__main__`: its errors become one line on stderr and exit code 2."""
-    cli = light_import("damcha_hf.cli")
+    from damcha_hf import cli
 
     def run() -> int:
         main()  # returns the results, not an exit code
@@ -539,19 +534,20 @@ def add_text_data_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_tokenizer(args: argparse.Namespace, corpus):
+    """The tokenizer of --tokenizer, its `model_max_length` the context (--block-size), which every checkpoint saves."""
     from transformers import AutoTokenizer
 
     from damcha_hf.data import byte_level_tokenizer, train_bpe_tokenizer
 
     if args.tokenizer == "byte":
-        return byte_level_tokenizer()
+        return byte_level_tokenizer(model_max_length=args.block_size)
     if args.tokenizer == "bpe":
         size = sum(len(text) for text in corpus["train"]["text"])
         print(f"training a byte-level BPE tokenizer ({args.bpe_vocab_size} tokens) on {size / 1e6:.1f} M characters "
               "of training text with `tokenizers`...", flush=True)  # fmt: skip
-        return train_bpe_tokenizer(corpus["train"]["text"], args.bpe_vocab_size)
+        return train_bpe_tokenizer(corpus["train"]["text"], args.bpe_vocab_size, model_max_length=args.block_size)
     if os.path.isdir(args.tokenizer):
-        return AutoTokenizer.from_pretrained(args.tokenizer)
+        return AutoTokenizer.from_pretrained(args.tokenizer, model_max_length=args.block_size)
     raise ValueError(f"--tokenizer {args.tokenizer!r}: use 'byte', 'bpe' or an existing tokenizer folder.")
 
 
@@ -645,6 +641,30 @@ def add_image_data_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--image-size", type=checks.positive_int, default=None, help="resize to this (default: 28 for Fashion-MNIST, "
                        "else 64)")  # fmt: skip
     group.add_argument("--no-augment", action="store_true", help="no random crop / flip of training images")
+
+
+def check_causal_metric_context(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A language model is causal: `--metric-context sequence` would let each token see the future."""
+    if getattr(args, "metric_context", None) == "sequence":
+        parser.error("--metric-context sequence averages over the whole sequence, which would let a causal language "
+                     "model see future tokens; use --metric-context token (or query)")  # fmt: skip
+
+
+def saved_model_type(checkpoint: str) -> str | None:
+    """The `model_type` in a checkpoint folder's config.json (read as JSON: no transformers import), or None."""
+    try:
+        with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as handle:
+            return json.load(handle).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_image_data(parser: argparse.ArgumentParser, data: str) -> None:
+    """`--data` of an image recipe is 'fashion-mnist' or an image folder laid out as `load_image_folder` reads it."""
+    if data != "fashion-mnist":
+        message = data_sources.image_folder_error(data)
+        if message:
+            parser.error(f"--data {message}, or 'fashion-mnist'")
 
 
 def image_datasets(args: argparse.Namespace):

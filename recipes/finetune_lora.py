@@ -75,6 +75,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.base, args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
     if not os.path.isfile(os.path.join(args.base, "config.json")):
         parser.error(f"--base {args.base}: not a checkpoint folder (no config.json)")
+    if str(common.saved_model_type(args.base)).endswith("vit"):
+        if args.data is not None:
+            common.check_image_data(parser, args.data)
+    else:
+        common.check_causal_metric_context(parser, args)
+        if args.data is not None:
+            try:
+                common.checks.text_data_source(args.data)
+            except argparse.ArgumentTypeError as error:
+                parser.error(f"--data {error}")
     if args.push_to_hub and not args.base_model_id:
         parser.error("--push-to-hub uploads the adapter and its base (<output-dir>/base); name the base's Hub id with "
                      "--base-model-id (e.g. your-name/damcha-base), the adapter's with --hub-model-id")  # fmt: skip
@@ -159,6 +169,7 @@ def main(argv=None) -> dict:
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         args.block_size = min(args.block_size, config.max_position_embeddings)
+        tokenizer.model_max_length = config.max_position_embeddings  # what the adapter's checkpoints save
         train, validation = common.language_model_data(args, tokenizer, corpus)
         model = build_model(args, config, family)
         check_tokenizer_matches_model(tokenizer, model.config)

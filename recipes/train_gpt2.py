@@ -33,6 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_training_arguments(parser, output_dir="runs/{settings}", batch_size=16, learning_rate=2e-3,
                                   max_steps=1000)  # fmt: skip
     args = common.parse_checked(parser, argv, run_name=common.language_model_run_name)
+    common.check_causal_metric_context(parser, args)
     if not args.init_from:
         common.check_new_language_model_sizes(parser, args)
     if args.init_from and not os.path.isdir(args.init_from):

@@ -51,6 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_training_arguments(parser, output_dir="runs/accelerate-{settings}", batch_size=16, learning_rate=2e-3,
                                   max_steps=1000, output_dir_example="runs/accelerate-damcha_gpt2-stdlib-byte")  # fmt: skip
     args = common.parse_checked(parser, argv, run_name=common.language_model_run_name)
+    common.check_causal_metric_context(parser, args)
     common.check_new_language_model_sizes(parser, args)
     return args
 

@@ -49,8 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                heads_flag="--num-heads")  # fmt: skip
     if args.init_from and not os.path.isdir(args.init_from):
         parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
-    if args.data != "fashion-mnist" and not os.path.isdir(args.data):
-        parser.error(f"--data {args.data}: not 'fashion-mnist' nor an image folder (<folder>/<label>/<images>)")
+    common.check_image_data(parser, args.data)
     if args.data == "fashion-mnist" and not os.path.isdir(args.fashion_mnist_dir):
         parser.error(f"--fashion-mnist-dir {args.fashion_mnist_dir} does not exist: on Debian/Ubuntu `apt-get install "
                      "dataset-fashion-mnist` puts the idx files in /usr/share/datasets/fashion-mnist; or pass the "

@@ -3,6 +3,8 @@
 import argparse
 import os
 
+from damcha_hf.argument_checks import HelpFormatter
+
 # The presets every family declares (`DamchaFamily.presets`), listed here without importing torch for `--help`.
 PRESET_DESCRIPTIONS = {
     "gpt2-small": "(default)",
@@ -28,12 +30,10 @@ def model_argument(text: str) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from damcha_hf_cli import light_import
-
     parser = subparsers.add_parser(
         "info",
         help="print a model's DAMCHA settings and metric-generator parameter share",
-        formatter_class=light_import("damcha_hf.argument_checks").HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "model",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
@@ -86,7 +87,7 @@ def save_hub_checkpoint(
         if changed:
             atomic_write(staging / "config.json", config_json_bytes(config))
         if tokenizer_or_processor is not None:
-            tokenizer_or_processor.save_pretrained(staging)
+            fitted_to_context(tokenizer_or_processor, model.config).save_pretrained(staging)
         images = {}
         if log_history is not None and write_loss_curve(
             log_history, staging / LOSS_CURVE_FILE, baselines=baseline_log_histories, name=model_name or "this model"
@@ -122,6 +123,18 @@ def save_hub_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return folder
+
+
+def fitted_to_context(tokenizer_or_processor, config):
+    """A tokenizer whose `model_max_length` is the model's context (`max_position_embeddings`: GPT-2's `n_positions`),
+    so that `tokenizer(..., truncation=True)` cuts inputs where the model's positions end and longer inputs are
+    flagged; a copy, the caller's tokenizer is left as it is. Anything else (an image processor) is returned as is."""
+    context = getattr(config, "max_position_embeddings", None)
+    if not context or getattr(tokenizer_or_processor, "model_max_length", context) == context:
+        return tokenizer_or_processor
+    fitted = copy.copy(tokenizer_or_processor)
+    fitted.model_max_length = context
+    return fitted
 
 
 def replace_folder(new: Path, target: Path, *, overwrite: bool, also_written: Iterable[str] = ()) -> None:

@@ -45,6 +45,7 @@ class MetricMap:
     tokens_seen: list[int]  # how many `C` matrices were averaged for each layer
     panels: int = 0  # heatmap panels drawn (one per layer); 0 until written
     path: Path | None = None
+    inputs: str = "the inputs given"  # what the matrices were averaged over, in words (the card says it)
 
     @property
     def num_layers(self) -> int:
@@ -213,7 +214,21 @@ def compute_metric_map(model: torch.nn.Module, inputs=None, *, tokenizer=None) -
     if missing:
         raise RuntimeError(f"layers {missing} never called the cross-head metric; is this a DAMCHA model?")
     matrices = (sums / torch.tensor(counts, dtype=torch.float64).view(-1, 1, 1)).to(torch.float32)
-    return MetricMap(matrices, [offdiagonal_mass(matrix) for matrix in matrices], counts)
+    return MetricMap(
+        matrices, [offdiagonal_mass(matrix) for matrix in matrices], counts, inputs=describe_inputs(model, inputs)
+    )
+
+
+def describe_inputs(model, inputs) -> str:
+    """What `compute_metric_map` averaged over, in words: the built-in sample is named so that it can be redrawn."""
+    if inputs is not None:
+        return "inputs chosen by the program that saved the model"
+    if is_vision_model(model):
+        return "the built-in sample (4 random images of the configured size, seed 0), which `damcha-hf inspect` uses by default"
+    return (
+        "the built-in sample (4 passages of 8 code lines of Python's own `textwrap.py`), which `damcha-hf inspect` "
+        "uses by default"
+    )
 
 
 def colour_limit(matrices: torch.Tensor) -> float:

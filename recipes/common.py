@@ -585,19 +585,26 @@ def load_language_model_corpus(args: argparse.Namespace):
 
 
 def language_model_data(args: argparse.Namespace, tokenizer, corpus=None):
-    """(train blocks, validation blocks) from the data options."""
-    from damcha_hf.data import group_into_blocks
+    """(train blocks, validation blocks) from the data options. The validation blocks are drawn at random (with
+    --seed) from every held-out document; `args.validation_documents` and `args.validation_note` say how many
+    documents they cover, for the results and the card."""
+    from damcha_hf.data import group_into_blocks, sample_blocks
 
     if corpus is None:
         corpus = load_language_model_corpus(args)
-    # One document per row for folders and 'stdlib'; lines of one text otherwise.
+    # One document per row for folders and 'stdlib'; sections of one text otherwise.
     separate_documents = args.data == "stdlib" or os.path.isdir(str(args.data))
-    blocks = group_into_blocks(corpus, tokenizer, args.block_size, separate_documents=separate_documents)
-    train, validation = blocks["train"], blocks["validation"]
+    blocks = group_into_blocks(
+        corpus, tokenizer, args.block_size, separate_documents=separate_documents, document_ids=True
+    )
+    train = blocks["train"].remove_columns("document")
     if args.max_train_samples is not None:
         train = train.select(range(min(args.max_train_samples, len(train))))
-    if args.max_eval_samples is not None:
-        validation = validation.select(range(min(args.max_eval_samples, len(validation))))
+    validation, args.validation_documents = sample_blocks(blocks["validation"], args.max_eval_samples, seed=args.seed)
+    held_out = "documents" if separate_documents else "sections of the text"
+    args.validation_note = (f"{len(validation)} blocks of {args.block_size} tokens drawn at random (seed {args.seed}) "
+                            f"from {args.validation_documents} held-out {held_out}")  # fmt: skip
+    print(f"validation: {args.validation_note}", flush=True)
     return train, validation
 
 

@@ -248,6 +248,8 @@ def main(argv=None) -> dict:
         merged = peft_model.merge_and_unload()
         common.save_final_model(merged, os.path.join(args.output_dir, "merged"), tokenizer_or_processor=processing,
                                 log_history=trainer.state.log_history, datasets=datasets)  # fmt: skip
+    if getattr(args, "validation_documents", None) is not None:  # a language model's validation (images: none)
+        metrics["eval_documents"] = args.validation_documents
     common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
     print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
     return metrics

@@ -67,7 +67,6 @@ def main(argv=None) -> dict:
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
     common.check_push(args)
 
-    import torch
     from transformers import DataCollatorForLanguageModeling, Trainer, set_seed
 
     from damcha_hf.metrics import causal_lm_compute_metrics, causal_lm_token_nll
@@ -94,7 +93,8 @@ def main(argv=None) -> dict:
     )
     train_result = trainer.train(resume_from_checkpoint=resume)
     metrics = trainer.evaluate()
-    metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss)
+    metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss,
+                   eval_documents=args.validation_documents)  # fmt: skip
     print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
 
     final = os.path.join(args.output_dir, "final")
@@ -104,7 +104,7 @@ def main(argv=None) -> dict:
         tokenizer_or_processor=tokenizer,
         log_history=trainer.state.log_history,
         datasets=datasets,
-        heatmap_inputs=torch.tensor(validation[: min(4, len(validation))]["input_ids"]),
+        notes=[f"Validation figures: {args.validation_note}, none of them seen in training."],
     )
     common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
     print(f"saved to {final}")

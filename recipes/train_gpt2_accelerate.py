@@ -251,6 +251,7 @@ def main(argv=None) -> dict:
         final = os.path.join(args.output_dir, "final")
         common.save_final_model(final_model, final, tokenizer_or_processor=tokenizer, log_history=log_history,
                                 datasets=datasets)  # fmt: skip
+        results["eval_documents"] = args.validation_documents
         common.write_json(os.path.join(args.output_dir, "eval_results.json"), results)
         print(results)
         common.push_final_model(args, final)

@@ -310,10 +310,11 @@ def loading_section(auto_class: str, repo_id: str, family: str, has_preprocessor
 
 
 def metric_section(image: str | None, metric_map: MetricMap | None) -> str:
+    averaged_over = metric_map.inputs if metric_map is not None else "a few sample inputs"
     text = (
-        "## Learned cross-head metric\n\nThe cross-head matrix `C` of each layer, averaged over the tokens of a few "
-        "sample inputs (`damcha-hf inspect` redraws it). `C = I` is plain multi-head attention; off-diagonal "
-        "entries are how much head `i` scores against head `j`'s keys."
+        "## Learned cross-head metric\n\nThe cross-head matrix `C` of each layer, averaged over the tokens of "
+        f"{averaged_over}. `C = I` is plain multi-head attention; off-diagonal entries are how much head `i` scores "
+        "against head `j`'s keys."
     )
     if image:
         text += f"\n\n![Mean cross-head matrix C per layer]({image})"

@@ -47,11 +47,24 @@ def add_metric_arguments(parser: argparse.ArgumentParser) -> None:
         help="attention variant: damcha, talking_heads, dcmha, or none (plain multi-head attention)",
     )
     group.add_argument(
-        "--attn", choices=ATTENTION_IMPLEMENTATIONS, default="sdpa", help="attention implementation (default: sdpa)"
+        "--attn",
+        choices=ATTENTION_IMPLEMENTATIONS,
+        help="attention implementation (default: sdpa; eager for talking_heads and dcmha, which mix the score maps "
+        "that only eager attention materialises)",
     )
 
 
 METRIC_FIELDS = ("metric_context", "metric_mask", "metric_sharing", "metric_hidden_size", "cross_head_variant")
+
+
+def resolve_attention(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--attn: sdpa by default, eager for a score-mixing --cross-head-variant, which refuses any other backend."""
+    mixing = getattr(args, "cross_head_variant", None) in options.SCORE_MIXING_VARIANT_NAMES
+    if args.attn is None:
+        args.attn = "eager" if mixing else "sdpa"
+    elif mixing and args.attn != "eager":
+        parser.error(f"--cross-head-variant {args.cross_head_variant} mixes the attention score maps, which only "
+                     f"eager attention materialises; use --attn eager (its default) instead of --attn {args.attn}")  # fmt: skip
 
 
 def metric_options(args: argparse.Namespace) -> dict:
@@ -198,6 +211,8 @@ def parse_checked(parser: argparse.ArgumentParser, argv=None, *, run_name=None) 
     and `args.explicit` records the flags given on the command line (for `check_resume_settings`)."""
     args = parser.parse_args(argv)
     args.explicit = explicit_destinations(parser, argv)
+    if hasattr(args, "attn"):
+        resolve_attention(parser, args)
     if args.max_steps < QUICK_RUN_STEPS and "max_eval_samples" not in args.explicit:
         args.max_eval_samples = min(args.max_eval_samples, QUICK_RUN_EVAL_SAMPLES)  # a smoke test: a small check
     if args.output_dir is None:
@@ -515,6 +530,14 @@ def check_new_language_model_sizes(parser: argparse.ArgumentParser, args: argpar
                                         heads_flag="--n-kv-head")  # fmt: skip
 
 
+def tokenizer_source(text: str) -> str:
+    """--tokenizer: 'byte', 'bpe' or a folder holding a saved tokenizer, checked while parsing."""
+    if text in ("byte", "bpe") or os.path.isfile(os.path.join(text, "tokenizer_config.json")):
+        return text
+    found = "is not a folder" if not os.path.isdir(text) else "has no tokenizer_config.json"
+    raise argparse.ArgumentTypeError(f"{text!r} {found}; use 'byte', 'bpe' or a folder a tokenizer was saved to")
+
+
 def add_text_data_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data")
     group.add_argument(
@@ -527,7 +550,7 @@ def add_text_data_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--file-pattern", default="**/*.txt", help="files to read in a --data folder")
     group.add_argument("--max-data-bytes", type=checks.positive_int, help="read only about this many bytes of text")
     group.add_argument("--validation-fraction", type=checks.probability, default=0.05)
-    group.add_argument("--tokenizer", default="byte",
+    group.add_argument("--tokenizer", default="byte", type=tokenizer_source,
                        help="'byte' (default; bits per byte = bits per token), 'bpe' (trained here), "
                        "or a saved tokenizer folder")  # fmt: skip
     group.add_argument("--bpe-vocab-size", type=checks.positive_int, default=4096)

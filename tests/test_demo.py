@@ -178,6 +178,9 @@ def test_demo_keeps_to_its_time_budget_when_the_pace_changes(tmp_path, capsys, m
     assert len(plans) == 1 and int(plans[0]) == timing["first_plan"]
     assert timing["budget_seconds"] == 3.0 and 0.97 * 3.0 <= timing["seconds"] <= 1.03 * 3.0, timing
     assert report["steps"] < timing["first_plan"]  # the slower pace cut the plan
+    # Evaluations a shorter plan moved into the past are skipped, not caught up one step after another.
+    evaluations = [entry["step"] for entry in report["log_history"]["DAMCHA"] if "eval_loss" in entry]
+    assert len(evaluations) <= demo.EVALUATIONS + 1 and evaluations[-1] == report["steps"], evaluations
     assert f"trained {report['steps']} steps and evaluated in" in captured.out
 
 

@@ -27,6 +27,7 @@ CURVE_EVAL_BLOCKS = 256  # of the validation blocks, evaluated during training (
 # and spreads the validation blocks over some 30 documents rather than 8.
 VALIDATION_FRACTION = 0.2
 BOOTSTRAP_SAMPLES = 2000
+EVAL_BATCH_FACTOR = 4  # evaluation batches are this many training batches: no gradients to keep, larger matrices
 NEGLIGIBLE_BITS_PER_BYTE = 0.0005
 
 
@@ -299,6 +300,7 @@ def run(args: argparse.Namespace) -> int:
     histories = {name: [] for name in models}
     progress = tqdm(total=plan["total"], desc="training DAMCHA and MHA", disable=args.no_progress)
     budget = TimeBudget(args.time_budget, args.max_steps)
+    eval_batch_size = args.batch_size * EVAL_BATCH_FACTOR
 
     def evaluation_seconds_left(evaluations_done: int) -> float:
         """The curve evaluations still due and the final one on every validation block, at the measured cost."""
@@ -351,17 +353,18 @@ def run(args: argparse.Namespace) -> int:
         if due or step == plan["total"]:
             evaluation_started = time.perf_counter()
             for name, model in models.items():
-                eval_loss, bits_per_byte = _evaluate(model, curve_blocks, args.batch_size)
+                eval_loss, bits_per_byte = _evaluate(model, curve_blocks, eval_batch_size)
                 histories[name].append({"step": step, "eval_loss": eval_loss, "eval_bits_per_byte": bits_per_byte})
             budget.evaluation_seconds.append(time.perf_counter() - evaluation_started)
-            evaluations_done += 1
+            # When a re-plan shortened the run, the evaluations it moved into the past are skipped, not caught up.
+            evaluations_done = max(evaluations_done + 1, step * EVALUATIONS // plan["total"])
     progress.close()
 
     # Final numbers on every validation block, through the shipped evaluate module (the same NLL, counted in bytes).
     bits_per_byte_metric = load_metric("bits_per_byte", "nll")
     per_block, results = {}, {}
     for name, model in models.items():
-        per_block[name] = block_nll(model, eval_blocks, args.batch_size)
+        per_block[name] = block_nll(model, eval_blocks, eval_batch_size)
         eval_loss = per_block[name].mean().item()
         num_bytes = eval_blocks.shape[0] * (eval_blocks.shape[1] - 1)
         bpb = bits_per_byte_metric.compute(predictions=[eval_loss * num_bytes], references=[num_bytes])

@@ -175,7 +175,9 @@ def as_model_inputs(model, inputs, tokenizer=None) -> list[dict]:
 
 
 @torch.no_grad()
-def compute_metric_map(model: torch.nn.Module, inputs=None, *, tokenizer=None) -> MetricMap:
+def compute_metric_map(
+    model: torch.nn.Module, inputs=None, *, tokenizer=None, description: str | None = None
+) -> MetricMap:
     """Run `inputs` through `model` and return each layer's cross-head matrix `C`, averaged over all tokens.
 
     Inputs run one batch at a time without padding, so every averaged `C` belongs to a real token (or, for
@@ -214,9 +216,8 @@ def compute_metric_map(model: torch.nn.Module, inputs=None, *, tokenizer=None) -
     if missing:
         raise RuntimeError(f"layers {missing} never called the cross-head metric; is this a DAMCHA model?")
     matrices = (sums / torch.tensor(counts, dtype=torch.float64).view(-1, 1, 1)).to(torch.float32)
-    return MetricMap(
-        matrices, [offdiagonal_mass(matrix) for matrix in matrices], counts, inputs=describe_inputs(model, inputs)
-    )
+    described = description or describe_inputs(model, inputs)
+    return MetricMap(matrices, [offdiagonal_mass(matrix) for matrix in matrices], counts, inputs=described)
 
 
 def describe_inputs(model, inputs) -> str:
@@ -282,10 +283,17 @@ def plot_metric_map(metric_map: MetricMap, path: str | os.PathLike, *, title: st
 
 
 def write_metric_map(
-    model: torch.nn.Module, path: str | os.PathLike, inputs=None, *, tokenizer=None, title: str | None = None
+    model: torch.nn.Module,
+    path: str | os.PathLike,
+    inputs=None,
+    *,
+    tokenizer=None,
+    title: str | None = None,
+    description: str | None = None,
 ) -> MetricMap:
-    """`compute_metric_map` then `plot_metric_map`: returns the matrices, masses, panel count and path."""
-    metric_map = compute_metric_map(model, inputs, tokenizer=tokenizer)
+    """`compute_metric_map` then `plot_metric_map`: returns the matrices, masses, panel count and path.
+    `description` says in words what `inputs` are (a model card shows it)."""
+    metric_map = compute_metric_map(model, inputs, tokenizer=tokenizer, description=description)
     plot_metric_map(metric_map, path, title=title)
     return metric_map
 

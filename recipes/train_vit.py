@@ -128,6 +128,7 @@ def main(argv=None) -> dict:
     final = os.path.join(args.output_dir, "final")
     sample = common.image_collate([splits["validation"][i] for i in range(min(4, len(splits["validation"])))])
     card = {"datasets": datasets, "heatmap_inputs": {"pixel_values": sample["pixel_values"]},
+            "heatmap_description": f"the first {len(sample['pixel_values'])} validation images of the training run",
             "eval_results": {"accuracy": metrics["eval_accuracy"]}}  # fmt: skip
     common.save_final_model(trainer.model, final, tokenizer_or_processor=processor,
                             log_history=trainer.state.log_history, **card)  # fmt: skip

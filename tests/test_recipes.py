@@ -4,6 +4,7 @@ two Accelerate processes stay identical, LoRA trains only LoRA + generator and m
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,6 +86,13 @@ def test_train_gpt2_learns_saves_and_resumes_at_the_saved_step(tmp_path, corpus)
     model = AutoModelForCausalLM.from_pretrained(final)
     assert isinstance(model, damcha_hf.DamchaGPT2LMHeadModel)
     assert AutoTokenizer.from_pretrained(final)("fox")["input_ids"] == list(b"fox")
+    # Every checkpoint's tokenizer knows the model's 32 positions; the figures say which validation gave them.
+    for folder in (final, tmp_path / "full" / "checkpoint-3"):
+        assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == 32
+    assert model.config.n_positions == 32
+    card = (final / "README.md").read_text()
+    validation = f"16 blocks of 32 tokens drawn at random (seed 0) from {full['eval_documents']} held-out sections"
+    assert f"Validation figures: {validation} of the text" in card and 3 <= full["eval_documents"] <= 16
 
     # Resume from step 3 in a fresh folder: the run continues at step 4 and repeats the uninterrupted losses.
     resumed_dir = tmp_path / "resumed"
@@ -269,6 +277,8 @@ def test_train_vit_learns_and_resumes(tmp_path, image_folder):
     model = AutoModelForImageClassification.from_pretrained(tmp_path / "full" / "final")
     assert isinstance(model, damcha_hf.DamchaViTForImageClassification)
     assert model.config.id2label == {0: "bright", 1: "dark"}
+    card = (tmp_path / "full" / "final" / "README.md").read_text()
+    assert re.search(r"averaged over the tokens of the first \d validation images of the training run", card)
     resumed_dir = tmp_path / "resumed"
     resumed_dir.mkdir()
     shutil.copytree(tmp_path / "full" / "checkpoint-3", resumed_dir / "checkpoint-3")

@@ -33,6 +33,7 @@ def save_hub_checkpoint(
     base_model: str | None = None,
     datasets: str | Sequence[str] | None = None,
     heatmap_inputs=None,
+    heatmap_description: str | None = None,
     metric_heatmap: bool = True,
     license: str = "apache-2.0",
     eval_results: Mapping[str, float] | None = None,
@@ -53,7 +54,8 @@ def save_hub_checkpoint(
         tokenizer_or_processor: saved with `save_pretrained`; a tokenizer also tokenises the heatmap text.
         log_history, base_model, datasets, license, eval_results, model_name: see `build_model_card`.
         heatmap_inputs: inputs for the metric heatmap (`damcha_hf.metric_map.compute_metric_map` accepts a tensor,
-            a dict of model inputs, a list of them, or texts); None uses a built-in sample.
+            a dict of model inputs, a list of them, or texts); None uses the built-in sample that `damcha-hf inspect`
+            uses by default. `heatmap_description` says in words what the given inputs are, for the card.
         overwrite: replace an existing `folder` that holds an earlier checkpoint of this plugin (a `damcha_*`
             config.json and only files a save writes). A folder holding anything else (a Trainer `output_dir`, your
             own files), the current folder, its parents and the home folder are never replaced: `UnsafeOutputError`
@@ -98,7 +100,10 @@ def save_hub_checkpoint(
             tokenizer = (
                 None if is_vision_model(model) or not callable(tokenizer_or_processor) else tokenizer_or_processor
             )
-            metric_map = write_metric_map(model, staging / METRIC_HEATMAP_FILE, heatmap_inputs, tokenizer=tokenizer)
+            metric_map = write_metric_map(
+                model, staging / METRIC_HEATMAP_FILE, heatmap_inputs, tokenizer=tokenizer,
+                description=heatmap_description,
+            )  # fmt: skip
             images["metric_heatmap"] = METRIC_HEATMAP_FILE
         card = build_model_card(
             model,

@@ -105,7 +105,7 @@ def vit_config_kwargs(image_size, patch_size, channels, layers, width, heads, la
 def score_mixing_variants() -> tuple[str, ...]:
     """Variants that mix the n x n score maps and therefore run on eager attention only (talking-heads, DCMHA)."""
     try:
-        from damcha_hf.modeling.damcha_attention import SCORE_MIXING_VARIANTS
+        from damcha_hf.modeling.score_mixing import SCORE_MIXING_VARIANTS
     except ImportError:
         return ("talking_heads", "dcmha")
     return tuple(SCORE_MIXING_VARIANTS)

@@ -24,7 +24,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
 
 import damcha_hf
-from damcha_hf.modeling.damcha_attention import CrossHeadMetric
+from damcha_hf.modeling.metric import CrossHeadMetric
 from damcha_hf.modeling.modeling_damcha_gpt2 import DamchaGPT2Attention
 
 

@@ -10,7 +10,8 @@ so that `save_pretrained` writes an `auto_map` and copies the model files next t
 Public API:
     DamchaGPT2Config, DamchaGPT2Model, DamchaGPT2LMHeadModel, DamchaGPT2ForSequenceClassification,
         DamchaGPT2ForTokenClassification, DamchaGPT2ForQuestionAnswering, DamchaGPT2DoubleHeadsModel
-    DamchaLlamaConfig, DamchaLlamaModel, DamchaLlamaForCausalLM, DamchaLlamaForSequenceClassification   (GQA too)
+    DamchaLlamaConfig, DamchaLlamaModel, DamchaLlamaForCausalLM, DamchaLlamaForSequenceClassification,
+        DamchaLlamaForQuestionAnswering, DamchaLlamaForTokenClassification   (GQA too)
     DamchaViTConfig, DamchaViTModel, DamchaViTForImageClassification, DamchaViTForMaskedImageModeling
         (DamchaViTConfig.vit_small_patch16_224())
     convert_to_damcha(model, **metric_options)   an in-memory GPT-2, Llama or ViT model -> its DAMCHA counterpart
@@ -42,7 +43,13 @@ _PUBLIC_MODULES = {
         ".modeling.modeling_damcha_gpt2",
     ),
     **dict.fromkeys(
-        ("DamchaLlamaModel", "DamchaLlamaForCausalLM", "DamchaLlamaForSequenceClassification"),
+        (
+            "DamchaLlamaModel",
+            "DamchaLlamaForCausalLM",
+            "DamchaLlamaForSequenceClassification",
+            "DamchaLlamaForQuestionAnswering",
+            "DamchaLlamaForTokenClassification",
+        ),
         ".modeling.modeling_damcha_llama",
     ),
     **dict.fromkeys(

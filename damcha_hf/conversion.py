@@ -8,8 +8,8 @@ import torch
 from transformers import PreTrainedModel
 
 from .families import FAMILIES
-from .modeling.damcha_attention import eager_attn_implementation_for
 from .modeling.damcha_family import DamchaFamily, DamchaHead
+from .modeling.score_mixing import eager_attn_implementation_for
 
 # stock class -> (its family, the head it converts to), from the family declarations. Exact classes: a subclass may
 # add weights the DAMCHA class would drop.

@@ -4,7 +4,7 @@ Registration, conversion, the Hub card, `damcha-hf info` / `inspect` and the LoR
 instead of keeping their own per-architecture tables; adding an architecture adds one entry to `FAMILIES`.
 """
 
-from .modeling.damcha_family import DamchaFamily, DamchaHead
+from .modeling.damcha_family import DamchaFamily
 from .modeling.modeling_damcha_gpt2 import DAMCHA_FAMILY as GPT2_FAMILY
 from .modeling.modeling_damcha_llama import DAMCHA_FAMILY as LLAMA_FAMILY
 from .modeling.modeling_damcha_vit import DAMCHA_FAMILY as VIT_FAMILY
@@ -26,15 +26,6 @@ def family_of(model_or_config) -> DamchaFamily:
         supported = ", ".join(f"{f.model_type} / {f.damcha_model_type}" for f in FAMILIES)
         raise ValueError(f"{model_type!r} is not an architecture damcha_hf supports; supported: {supported}.")
     return family
-
-
-def head_for_class(model_class: type) -> tuple[DamchaFamily, DamchaHead] | None:
-    """The family and head whose DAMCHA or stock class is exactly `model_class` (a subclass may add weights)."""
-    for family in FAMILIES:
-        head = family.head_of(model_class)
-        if head is not None:
-            return family, head
-    return None
 
 
 def presets() -> dict[str, tuple[type, object]]:

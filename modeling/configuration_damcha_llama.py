@@ -3,16 +3,11 @@
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
-from .damcha_config import (
-    METRIC_OPTIONS_DOCSTRING,
-    check_metric_options,
-    check_source_model_type,
-    validated_after_overrides,
-)
+from .damcha_config import DamchaConfigMixin
 
 
 @strict
-class DamchaLlamaConfig(LlamaConfig):
+class DamchaLlamaConfig(DamchaConfigMixin, LlamaConfig):
     r"""
     Configuration of a [`DamchaLlamaModel`]: every field of [`LlamaConfig`] plus the DAMCHA metric fields below. Any
     Llama `config.json` (Llama 2/3, TinyLlama, SmolLM, ...) loads into it, with the metric fields at their defaults.
@@ -28,23 +23,8 @@ class DamchaLlamaConfig(LlamaConfig):
 
     model_type = "damcha_llama"
 
-    metric_hidden_size: int = 64
-    metric_context: str = "token"
-    metric_mask: str = "full"
-    metric_sharing: str = "stack"
-    cross_head_variant: str = "damcha"
-    dcmha_rank: int = 2
-
-    def validate_metric_options(self):
-        check_metric_options(self, causal=True)
+    def validate_key_value_heads(self):
         check_key_value_heads(self)
-
-    @classmethod
-    def from_dict(cls, config_dict, **kwargs):
-        check_source_model_type(cls, config_dict.get("model_type"), base_model_type="llama")
-        # A converted Llama config must be saved as `damcha_llama`, so the source's model_type is not carried over.
-        config_dict = {key: value for key, value in config_dict.items() if key != "model_type"}
-        return validated_after_overrides(super().from_dict(config_dict, **kwargs))
 
     @classmethod
     def tinyllama_1_1b(cls, **overrides) -> "DamchaLlamaConfig":
@@ -90,7 +70,5 @@ def check_key_value_heads(config: DamchaLlamaConfig) -> None:
             f"models, or set `num_key_value_heads={heads}`."
         )
 
-
-DamchaLlamaConfig.__doc__ += METRIC_OPTIONS_DOCSTRING
 
 __all__ = ["DamchaLlamaConfig"]

@@ -5,12 +5,7 @@ from collections.abc import Iterable
 from huggingface_hub.dataclasses import strict
 from transformers import ViTConfig
 
-from .damcha_config import (
-    METRIC_OPTIONS_DOCSTRING,
-    check_metric_options,
-    check_source_model_type,
-    validated_after_overrides,
-)
+from .damcha_config import DamchaConfigMixin
 
 
 def _pair(size) -> tuple[int, int]:
@@ -18,7 +13,7 @@ def _pair(size) -> tuple[int, int]:
 
 
 @strict
-class DamchaViTConfig(ViTConfig):
+class DamchaViTConfig(DamchaConfigMixin, ViTConfig):
     r"""
     Configuration of a [`DamchaViTModel`]: every field of [`ViTConfig`] plus the DAMCHA metric fields below. Any ViT
     `config.json` loads into it, with the metric fields at their defaults. `metric_context` defaults to `"sequence"`:
@@ -37,16 +32,9 @@ class DamchaViTConfig(ViTConfig):
     """
 
     model_type = "damcha_vit"
+    damcha_causal = False
 
-    metric_hidden_size: int = 64
     metric_context: str = "sequence"
-    metric_mask: str = "full"
-    metric_sharing: str = "stack"
-    cross_head_variant: str = "damcha"
-    dcmha_rank: int = 2
-
-    def validate_metric_options(self):
-        check_metric_options(self, causal=False)
 
     def validate_patch_grid(self):
         image_size, patch_size = _pair(self.image_size), _pair(self.patch_size)
@@ -62,13 +50,6 @@ class DamchaViTConfig(ViTConfig):
                 "`image_size` that is a multiple of `patch_size` (and resize the images to it, e.g. with "
                 "ViTImageProcessor's `size`)."
             )
-
-    @classmethod
-    def from_dict(cls, config_dict, **kwargs):
-        check_source_model_type(cls, config_dict.get("model_type"), base_model_type="vit")
-        # A converted ViT config must be saved as `damcha_vit`, so the source's model_type is not carried over.
-        config_dict = {key: value for key, value in config_dict.items() if key != "model_type"}
-        return validated_after_overrides(super().from_dict(config_dict, **kwargs))
 
     @classmethod
     def vit_small_patch16_224(cls, **overrides) -> "DamchaViTConfig":
@@ -90,7 +71,5 @@ class DamchaViTConfig(ViTConfig):
         }
         return cls(**{**shape, **overrides})
 
-
-DamchaViTConfig.__doc__ += METRIC_OPTIONS_DOCSTRING
 
 __all__ = ["DamchaViTConfig"]

@@ -1,8 +1,14 @@
-"""The DAMCHA config options: their names, allowed values, docstring and validation.
+"""The DAMCHA config fields shared by every family's config: their names, allowed values, docstring and validation.
+
+Each `configuration_damcha_<family>.py` is `DamchaConfigMixin` plus the stock transformers config it extends. The
+option names here are the one table the configs, the command line, the recipes and the experiments read.
 
 Torch-free, so that the configuration files (and `--help` of the command line and recipes) import it without
 importing the attention core. Part of the remote-code payload: imports nothing outside the standard library.
 """
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 # The transformers releases CI runs (`.ci/run`): setup.cfg's range is exactly these minor versions, its upper bound
 # moved with each new release tested. Remote code on the Hub runs on whatever transformers its user has, so the
@@ -13,7 +19,7 @@ METRIC_CONTEXTS = ("token", "sequence", "query")
 METRIC_MASKS = ("full", "diagonal", "offdiagonal")
 METRIC_SHARINGS = ("stack", "layer")
 CROSS_HEAD_VARIANTS = ("damcha", "talking_heads", "dcmha", "none")
-# Variants that mix the n x n score maps across heads (the attention core maps each to its module).
+# Variants that mix the n x n score maps across heads (`score_mixing.py` maps each to its module).
 SCORE_MIXING_VARIANT_NAMES = ("talking_heads", "dcmha")
 
 # Docstring fragment shared by the DAMCHA configs, so that both document the fields the same way.
@@ -87,21 +93,49 @@ def _nearest_divisors(hidden_size: int, num_heads: int) -> str:
     return " or ".join(map(str, sorted(divisors[:2])))
 
 
-def validated_after_overrides(result):
-    """`PreTrainedConfig.from_dict`'s result (a config, or `(config, unused kwargs)`), validated again.
+@dataclass(repr=False, kw_only=True)
+class DamchaConfigMixin:
+    """The DAMCHA fields, mixed in before a stock transformers config (`class DamchaGPT2Config(DamchaConfigMixin,
+    GPT2Config)`, decorated `@strict`). A family sets `model_type = "damcha_<stock model_type>"` and `damcha_causal`,
+    and may override a field's default (ViT: `metric_context: str = "sequence"`)."""
 
-    transformers sets the keyword overrides of `from_pretrained(folder, metric_context=...)` / `from_dict(d, **kw)`
-    with `setattr` after the config was built and validated, so without this an override skips validation.
-    """
-    (result[0] if isinstance(result, tuple) else result).validate()
-    return result
+    # A decoder: `metric_context="sequence"` would let it see future tokens, so it is refused.
+    damcha_causal: ClassVar[bool] = True
 
+    cross_head_variant: str = "damcha"
+    dcmha_rank: int = 2
+    metric_hidden_size: int = 64
+    metric_context: str = "token"
+    metric_mask: str = "full"
+    metric_sharing: str = "stack"
 
-def check_source_model_type(config_class: type, model_type: str | None, base_model_type: str) -> None:
-    """Refuse at load time a checkpoint of another architecture, before any weight is touched."""
-    if model_type not in (None, config_class.model_type, base_model_type):
-        raise ValueError(
-            f"{config_class.__name__} cannot load a checkpoint whose config has `model_type={model_type!r}`: only "
-            f"'{base_model_type}' and '{config_class.model_type}' checkpoints convert to it. Load that checkpoint "
-            "with its own Auto class, or pass a checkpoint of the matching architecture."
-        )
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.__doc__ and METRIC_OPTIONS_DOCSTRING not in cls.__doc__:
+            cls.__doc__ += METRIC_OPTIONS_DOCSTRING
+
+    def validate_metric_options(self):
+        check_metric_options(self, causal=self.damcha_causal)
+
+    @classmethod
+    def stock_model_type(cls) -> str:
+        return cls.model_type.removeprefix("damcha_")
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        stock = cls.stock_model_type()
+        model_type = config_dict.get("model_type")
+        # Refused before any weight is touched: only this family's stock and DAMCHA checkpoints convert to it.
+        if model_type not in (None, cls.model_type, stock):
+            raise ValueError(
+                f"{cls.__name__} cannot load a checkpoint whose config has `model_type={model_type!r}`: only "
+                f"'{stock}' and '{cls.model_type}' checkpoints convert to it. Load that checkpoint with its own Auto "
+                "class, or pass a checkpoint of the matching architecture."
+            )
+        # A converted stock config is saved under the DAMCHA model_type, so the source's is not carried over.
+        config_dict = {key: value for key, value in config_dict.items() if key != "model_type"}
+        result = super().from_dict(config_dict, **kwargs)
+        # transformers sets the keyword overrides of `from_pretrained(folder, metric_context=...)` with `setattr`
+        # after the config was built and validated: validate again so that no override skips it.
+        (result[0] if isinstance(result, tuple) else result).validate()
+        return result

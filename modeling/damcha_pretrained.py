@@ -1,20 +1,25 @@
-"""What every DAMCHA `PreTrainedModel` adds to the transformers base class it extends (GPT-2's, Llama's, ViT's), and
-what every DAMCHA base model (the layer stack) adds: the stack-shared cross-head metric, passed down to its layers.
+"""How a DAMCHA model is built from its stock transformers class, and what every DAMCHA `PreTrainedModel` adds.
+
+A DAMCHA class changes only what DAMCHA changes. It inherits its stock class's `__init__` and `forward`: the stock
+`__init__` builds the stock model, attention layers included, and calls `post_init`, where `DamchaPreTrainedMixin`
+turns each self-attention layer into its family's DAMCHA attention class *in place* (the same object, with every
+attribute and weight the stock `__init__` gave it; only its class, so its `forward`, changes, plus the per-layer
+module a score-mixing baseline needs) and gives each layer stack its metric generator. An attribute or submodule that
+a transformers release adds in a stock `__init__` is therefore on the DAMCHA model too, with no change here.
 
 Part of the remote-code payload: imports only transformers and its sibling files.
 """
 
 import functools
+import warnings
 
-from transformers import PreTrainedModel
+from torch import nn
 
-from .damcha_attention import (
-    CrossHeadMetric,
-    check_attention_backend,
-    cross_head_variant_of,
-    eager_attn_implementation_for,
-    init_cross_head_weights,
-)
+from .dcmha import init_dcmha
+from .dispatch import check_attention_backend, register_output_recording
+from .metric import CrossHeadMetric, init_metric_generator
+from .score_mixing import build_cross_head_mixing, eager_attn_implementation_for
+from .talking_heads import init_talking_heads
 
 
 def _code_reference(cls: type) -> str:
@@ -41,8 +46,63 @@ def _subclasses(cls: type) -> list[type]:
     return found
 
 
+def _package_of(cls: type) -> str:
+    return cls.__module__.rpartition(".")[0]
+
+
+def stock_class_of(damcha_class: type) -> type:
+    """The first class in `damcha_class`'s MRO defined outside these model files: the transformers class it extends."""
+    package = _package_of(DamchaPreTrainedMixin)
+    return next(cls for cls in damcha_class.__mro__ if _package_of(cls) != package)
+
+
+def init_cross_head_weights(module: nn.Module, std: float) -> None:
+    """Called from a model's `_init_weights` after the default init: every cross-head module starts as exact MHA
+    (zero DAMCHA generator output, identity talking-heads matrices, identity DCMHA composition)."""
+    init_metric_generator(module)
+    init_talking_heads(module)
+    init_dcmha(module, std)
+
+
+def stack_cross_head_metric(config) -> CrossHeadMetric | None:
+    """The metric generator(s) a base model owns for its whole layer stack (`metric_sharing` decides how many).
+
+    Only DAMCHA has one; the baseline variants (talking-heads, DCMHA, plain attention) carry no unused parameters.
+    """
+    return CrossHeadMetric.from_config(config) if config.cross_head_variant == "damcha" else None
+
+
+class DamchaAttentionMixin:
+    """Mixed in before a stock self-attention class (`class DamchaGPT2Attention(DamchaAttentionMixin,
+    GPT2Attention)`). Such a class defines only `forward`: its layers are stock layers turned into it by
+    `adopt_stock_layer`, never built by an `__init__` of their own."""
+
+    @classmethod
+    def converts(cls, module: nn.Module) -> bool:
+        """Whether `module`, a layer of the stock attention class, becomes this class (GPT-2 keeps its
+        cross-attention layers stock)."""
+        return True
+
+    @classmethod
+    def adopt_stock_layer(cls, module: nn.Module, config, layer_index: int) -> None:
+        """Turn the stock layer `module`, the `layer_index`-th self-attention layer of its stack, into this class."""
+        module.__class__ = cls
+        # Picks the layer's generator under `metric_sharing="layer"`; a stock layer may have no index (ViT).
+        if getattr(module, "layer_idx", None) is None:
+            module.layer_idx = layer_index
+        module.cross_head_mixing = build_cross_head_mixing(config)
+
+
 class DamchaPreTrainedMixin:
-    """Mixed in before a transformers `*PreTrainedModel`: weight init, backend choice and remote-code saving."""
+    """Mixed in before a transformers `*PreTrainedModel`: the stock-to-DAMCHA conversion at `post_init`, weight init,
+    backend choice, loading and remote-code saving.
+
+    A family's `*PreTrainedModel` sets `damcha_attention_class` (its `DamchaAttentionMixin` class); its base model
+    class (the layer stack, e.g. `DamchaGPT2Model`) sets `damcha_base_model = True`.
+    """
+
+    damcha_attention_class: type
+    damcha_base_model: bool = False
 
     # Key-side mixing ("token", "sequence") and plain MHA ("none") hand every backend ordinary (query, key, value)
     # tensors, so flash and flex attention are supported by the class; what a given config cannot run on is refused
@@ -50,16 +110,40 @@ class DamchaPreTrainedMixin:
     _supports_flash_attn = True
     _supports_flex_attn = True
 
-    def __init__(self, config, *inputs, **kwargs):
-        # A config is validated when it is created, but fields set afterwards (`config.metric_context = ...`) and
-        # `from_pretrained(..., metric_context=...)` overrides are not: check it again before building any layer, so
-        # that e.g. a causal model never runs with metric_context="sequence".
-        if hasattr(config, "validate"):
-            config.validate()
-        # PreTrainedModel's own __init__, not super()'s: in a DAMCHA model class the next class in the MRO is the stock
-        # model (e.g. GPT2Model), whose __init__ would build and initialise a whole stock model first, and its
-        # post_init would consume `config.gradient_checkpointing` before the DAMCHA layers exist.
-        PreTrainedModel.__init__(self, config, *inputs, **kwargs)
+    def post_init(self):
+        # A config is validated when it is created, but fields set afterwards (`config.metric_context = ...`) are
+        # not: check it again before any DAMCHA layer exists.
+        self.config.validate()
+        self._adopt_stock_layers()
+        super().post_init()
+
+    def _adopt_stock_layers(self) -> None:
+        """Turn every stock base model and self-attention layer the stock `__init__` built into its DAMCHA class.
+
+        A head's stock `__init__` builds a stock base model (`self.transformer = GPT2Model(config)`), which has run its
+        own `post_init`: its weights are initialised, and `post_init` below initialises only the modules added here.
+        """
+        family = self._family_pretrained_class()
+        base_model_class = next(cls for cls in [family, *_subclasses(family)] if cls.__dict__.get("damcha_base_model"))
+        base_stock, attention = stock_class_of(base_model_class), self.damcha_attention_class
+        attention_stock = stock_class_of(attention)
+        layer_index = 0
+        for module in list(self.modules()):
+            if type(module) is base_stock:
+                module.__class__ = base_model_class
+                register_output_recording(module)
+            if isinstance(module, base_model_class):
+                layer_index = 0
+                if not hasattr(module, "cross_head_metric"):
+                    module.cross_head_metric = stack_cross_head_metric(self.config)
+            elif type(module) is attention_stock and attention.converts(module):
+                attention.adopt_stock_layer(module, self.config, layer_index)
+                layer_index += 1
+
+    @classmethod
+    def _family_pretrained_class(cls) -> type:
+        """The family's `*PreTrainedModel` (e.g. `DamchaGPT2PreTrainedModel`), which every class of the family extends."""
+        return next(base for base in cls.__mro__ if DamchaPreTrainedMixin in base.__bases__)
 
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -71,7 +155,7 @@ class DamchaPreTrainedMixin:
         if eager_only is not None:
             return eager_only
         # The expanded query of "query" is wider than the value: only eager and SDPA take it.
-        if cross_head_variant_of(self.config) == "damcha" and not isinstance(attn_implementation, dict):
+        if self.config.cross_head_variant == "damcha" and not isinstance(attn_implementation, dict):
             check_attention_backend(self.config.metric_context, attn_implementation)
         return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
 
@@ -81,7 +165,7 @@ class DamchaPreTrainedMixin:
         transformers' `save_pretrained` writes only the saved class; listing the whole family lets a checkpoint of
         any head load with every Auto class under `trust_remote_code=True`.
         """
-        family = next(cls for cls in type(self).__mro__ if DamchaPreTrainedMixin in cls.__bases__)
+        family = self._family_pretrained_class()
         auto_map = {"AutoConfig": _code_reference(type(self.config))}
         for cls in [family, *_subclasses(family)]:
             if getattr(cls, "_auto_class", None) and cls.__module__ == self._defining_class().__module__:
@@ -91,32 +175,36 @@ class DamchaPreTrainedMixin:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         # A DAMCHA checkpoint without its metric-generator weights would load with the generator at zero, i.e. as
-        # plain multi-head attention, with only transformers' generic MISSING report: refuse it. (Converting a stock
-        # GPT-2 / ViT / Llama checkpoint, which has no generator, is the intended way to start from zero.)
+        # plain multi-head attention, with only transformers' generic MISSING report: refuse it, or, when the caller
+        # asked for the loading info (as transformers' own tests and tools do), report it there with a warning.
+        # (Converting a stock checkpoint, which has no generator, is the intended way to start from zero.)
         wants_loading_info = kwargs.pop("output_loading_info", False)
         model, loading_info = super().from_pretrained(
             pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
         )
         missing = sorted(key for key in loading_info["missing_keys"] if "cross_head_metric." in key)
-        if missing and getattr(model.config, "cross_head_variant", "damcha") == "damcha":
+        if missing and model.config.cross_head_variant == "damcha":
             saved = _saved_config(cls.config_class, pretrained_model_name_or_path, kwargs)
             if str(saved.get("model_type", "")).startswith("damcha_") and saved.get("cross_head_variant", "damcha") == (
                 "damcha"
             ):
-                raise ValueError(
+                message = (
                     f"{cls.__name__}.from_pretrained({str(pretrained_model_name_or_path)!r}): this DAMCHA checkpoint "
                     f"lacks metric-generator weights ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}), "
                     "so the model would silently run as plain multi-head attention. Use a complete checkpoint (save "
                     "it again from the trained model), keep its `metric_sharing` when loading, or pass "
                     "`cross_head_variant='none'` if plain attention is what you want."
                 )
+                if not wants_loading_info:
+                    raise ValueError(message)
+                warnings.warn(message, stacklevel=2)
         return (model, loading_info) if wants_loading_info else model
 
     def _defining_class(self) -> type:
         """The model class as the modeling files define it. FSDP2's `fully_shard` re-classes a model as
         `FSDP<Class>`, a subclass defined in torch; everything saved must name the class it extends."""
-        package = DamchaPreTrainedMixin.__module__.rpartition(".")[0]
-        return next(cls for cls in type(self).__mro__ if cls.__module__.rpartition(".")[0] == package)
+        package = _package_of(DamchaPreTrainedMixin)
+        return next(cls for cls in type(self).__mro__ if _package_of(cls) == package)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         if self.is_remote_code():  # registered for remote code: the model files are copied next to the weights
@@ -133,14 +221,6 @@ class DamchaPreTrainedMixin:
             return super().save_pretrained(save_directory, *args, **kwargs)
         finally:
             self.__class__ = saved_class
-
-
-def stack_cross_head_metric(config) -> CrossHeadMetric | None:
-    """The metric generator(s) a base model owns for its whole layer stack (`metric_sharing` decides how many).
-
-    Only DAMCHA has one; the baseline variants (talking-heads, DCMHA, plain attention) carry no unused parameters.
-    """
-    return CrossHeadMetric.from_config(config) if cross_head_variant_of(config) == "damcha" else None
 
 
 def forward_with_cross_head_metric(stock_forward):

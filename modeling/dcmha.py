@@ -34,7 +34,7 @@ first and then masked, and after the softmax the masked entries are zero in ever
 
 **KV cache.** The key-wise weights of a position (`Rk`, `Wk`, `gk` for both maps: `2 (2R + 1)` numbers per head) are
 computed once, when the position is new, and stored per head alongside its key: `key_weights` has the key's layout
-`(batch, H, seq, 2 (2R + 1))` and `damcha_attention.cross_head_attention` concatenates it to the key along the last
+`(batch, H, seq, 2 (2R + 1))` and `dispatch.cross_head_attention` concatenates it to the key along the last
 dimension before the cache update and splits it off after, so every cache class (dynamic, static, beam reordering,
 cropping) carries it without changes.
 
@@ -70,11 +70,6 @@ class DynamicHeadComposition(nn.Module):
     @classmethod
     def from_config(cls, config) -> "DynamicHeadComposition":
         return cls(config.hidden_size, config.num_attention_heads, config.dcmha_rank)
-
-    @property
-    def key_weights_width(self) -> int:
-        """Per-head width of the key-side weights stored next to each cached key: (read R, write R, gate 1) x 2 maps."""
-        return 2 * (2 * self.rank + 1)
 
     def dynamic_weights(self, hidden_states: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """The query-side and key-side weights of the tokens `hidden_states` `(batch, seq, hidden)`.

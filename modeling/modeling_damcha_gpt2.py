@@ -1,21 +1,19 @@
-"""DAMCHA GPT-2: GPT-2 whose self-attention scores with the data-adaptive cross-head metric of `damcha_attention`.
+"""DAMCHA GPT-2: GPT-2 whose self-attention scores with the data-adaptive cross-head metric of `metric.py`.
 
 Only the self-attention changes; embeddings, MLPs, heads, weight names and the cache are GPT-2's, so every GPT-2
 checkpoint loads with all weights kept and (the metric generator starting at zero) identical outputs. Cross-attention
 layers (`add_cross_attention=True`) stay plain multi-head attention.
 
-Tested with transformers 5.23 and 5.24, whose GPT-2 internals (the cache argument, named `past_key_values` in 5.23
-and `cache` in 5.24, `ALL_ATTENTION_FUNCTIONS`, output recording) this file relies on; `tests/test_contract.py`
-checks that every class here still has the modules, attributes and forward arguments of the class it extends.
+Every class inherits its stock class's `__init__` and `forward` (see `damcha_pretrained.py`); only the attention's
+`forward` is DAMCHA's. It relies on GPT-2's attention internals (the cache argument, `past_key_values` before
+transformers 5.24 and `cache` after, `ALL_ATTENTION_FUNCTIONS`, output recording); `tests/test_contract.py` checks them.
 """
 
 import torch
-from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.models.gpt2.modeling_gpt2 import (
     GPT2Attention,
-    GPT2Block,
     GPT2DoubleHeadsModel,
     GPT2ForQuestionAnswering,
     GPT2ForSequenceClassification,
@@ -23,18 +21,14 @@ from transformers.models.gpt2.modeling_gpt2 import (
     GPT2LMHeadModel,
     GPT2Model,
     GPT2PreTrainedModel,
-    GPT2SequenceSummary,
     eager_attention_forward,
 )
 
 from .configuration_damcha_gpt2 import DamchaGPT2Config
-from .damcha_attention import (
-    CrossHeadMetric,
-    build_cross_head_mixing,
-    cross_head_attention,
-)
 from .damcha_family import DamchaFamily, DamchaHead
-from .damcha_pretrained import DamchaPreTrainedMixin, forward_with_cross_head_metric, stack_cross_head_metric
+from .damcha_pretrained import DamchaAttentionMixin, DamchaPreTrainedMixin, forward_with_cross_head_metric
+from .dispatch import cross_head_attention
+from .metric import CrossHeadMetric
 
 
 def upcast_and_reordered_attention(module, query, key, value, attention_mask, **kwargs):
@@ -42,15 +36,16 @@ def upcast_and_reordered_attention(module, query, key, value, attention_mask, **
     return module._upcast_and_reordered_attn(query, key, value, attention_mask)
 
 
-class DamchaGPT2Attention(GPT2Attention):
+class DamchaGPT2Attention(DamchaAttentionMixin, GPT2Attention):
     """GPT-2 self-attention with DAMCHA's cross-head metric; the metric comes in as `cross_head_metric`.
 
     For `cross_head_variant="talking_heads"` / `"dcmha"` the layer owns its head-mixing module, `cross_head_mixing`.
+    Cross-attention layers (`add_cross_attention=True`) stay stock multi-head attention.
     """
 
-    def __init__(self, config: DamchaGPT2Config, layer_idx: int | None = None):
-        super().__init__(config, layer_idx=layer_idx)
-        self.cross_head_mixing = build_cross_head_mixing(config)
+    @classmethod
+    def converts(cls, module) -> bool:
+        return not module.is_cross_attention
 
     def forward(
         self,
@@ -96,91 +91,37 @@ class DamchaGPT2Attention(GPT2Attention):
         return attn_output, attn_weights
 
 
-class DamchaGPT2Block(GPT2Block):
-    def __init__(self, config: DamchaGPT2Config, layer_idx: int | None = None):
-        super().__init__(config, layer_idx=layer_idx)
-        self.attn = DamchaGPT2Attention(config=config, layer_idx=layer_idx)
-
-
 class DamchaGPT2PreTrainedModel(DamchaPreTrainedMixin, GPT2PreTrainedModel):
     config_class = DamchaGPT2Config
     config: DamchaGPT2Config
-    _no_split_modules = ["DamchaGPT2Block"]
+    damcha_attention_class = DamchaGPT2Attention
 
 
 class DamchaGPT2Model(DamchaGPT2PreTrainedModel, GPT2Model):
-    def __init__(self, config: DamchaGPT2Config):
-        # GPT2Model.__init__ would build plain GPT-2 blocks only for them to be replaced: build DAMCHA's directly.
-        DamchaGPT2PreTrainedModel.__init__(self, config)
-        self.embed_dim = config.hidden_size
-        self.wte = nn.Embedding(config.vocab_size, self.embed_dim)
-        self.wpe = nn.Embedding(config.max_position_embeddings, self.embed_dim)
-        self.drop = nn.Dropout(config.embd_pdrop)
-        self.h = nn.ModuleList([DamchaGPT2Block(config, layer_idx=i) for i in range(config.num_hidden_layers)])
-        self.ln_f = nn.LayerNorm(self.embed_dim, eps=config.layer_norm_epsilon)
-        self.cross_head_metric = stack_cross_head_metric(config)
-        self.gradient_checkpointing = False
-        self._attn_implementation = config._attn_implementation
-        self.post_init()
-
+    damcha_base_model = True
     forward = forward_with_cross_head_metric(GPT2Model.forward)
 
 
 class DamchaGPT2LMHeadModel(DamchaGPT2PreTrainedModel, GPT2LMHeadModel, GenerationMixin):
-    def __init__(self, config: DamchaGPT2Config):
-        DamchaGPT2PreTrainedModel.__init__(self, config)
-        self.transformer = DamchaGPT2Model(config)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.post_init()
+    pass
 
 
 class DamchaGPT2ForSequenceClassification(DamchaGPT2PreTrainedModel, GPT2ForSequenceClassification):
-    def __init__(self, config: DamchaGPT2Config):
-        DamchaGPT2PreTrainedModel.__init__(self, config)
-        self.num_labels = config.num_labels
-        self.transformer = DamchaGPT2Model(config)
-        self.score = nn.Linear(config.n_embd, self.num_labels, bias=False)
-        self.post_init()
+    pass
 
 
 class DamchaGPT2ForTokenClassification(DamchaGPT2PreTrainedModel, GPT2ForTokenClassification):
-    def __init__(self, config: DamchaGPT2Config):
-        DamchaGPT2PreTrainedModel.__init__(self, config)
-        self.num_labels = config.num_labels
-        self.transformer = DamchaGPT2Model(config)
-        # GPT2ForTokenClassification's dropout choice, so that a converted model trains like the stock one.
-        if getattr(config, "classifier_dropout", None) is not None:
-            classifier_dropout = config.classifier_dropout
-        elif getattr(config, "hidden_dropout", None) is not None:
-            classifier_dropout = config.hidden_dropout
-        else:
-            classifier_dropout = 0.1
-        self.dropout = nn.Dropout(classifier_dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
+    pass
 
 
 class DamchaGPT2ForQuestionAnswering(DamchaGPT2PreTrainedModel, GPT2ForQuestionAnswering):
-    def __init__(self, config: DamchaGPT2Config):
-        DamchaGPT2PreTrainedModel.__init__(self, config)
-        self.num_labels = config.num_labels
-        self.transformer = DamchaGPT2Model(config)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        self.post_init()
+    pass
 
 
 class DamchaGPT2DoubleHeadsModel(DamchaGPT2PreTrainedModel, GPT2DoubleHeadsModel, GenerationMixin):
     """GPT-2 with a language-modelling and a multiple-choice head. Like the stock `GPT2DoubleHeadsModel`, no Auto
     class maps to it: load it with `DamchaGPT2DoubleHeadsModel.from_pretrained` (its checkpoints also load as
     `AutoModelForCausalLM`, which drops the multiple-choice head)."""
-
-    def __init__(self, config: DamchaGPT2Config):
-        DamchaGPT2PreTrainedModel.__init__(self, config)
-        config.num_labels = 1  # as GPT2DoubleHeadsModel: one score per choice
-        self.transformer = DamchaGPT2Model(config)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.multiple_choice_head = GPT2SequenceSummary(config)
-        self.post_init()
 
 
 DAMCHA_FAMILY = DamchaFamily(

@@ -1,55 +1,43 @@
-"""DAMCHA Llama: Llama whose self-attention scores with the data-adaptive cross-head metric of `damcha_attention`.
+"""DAMCHA Llama: Llama whose self-attention scores with the data-adaptive cross-head metric of `metric.py`.
 
 Only the self-attention changes; embeddings, RMSNorms, MLPs, rotary embeddings, heads, weight names and the cache are
 Llama's, so every Llama checkpoint (grouped-query ones included) loads with all weights kept and (the metric generator
 starting at zero) identical outputs. The keys are mixed after the rotary embedding, which is what the cache stores;
-mixing across heads commutes with the rotation (see `damcha_attention`), and with grouped-query attention the mix runs
+mixing across heads commutes with the rotation (see `metric.py`), and with grouped-query attention the mix runs
 over the key/value heads, so the cache keeps its GQA size.
 
-Tested with transformers 5.23 and 5.24, whose Llama internals (`LlamaAttention` with `q_proj/k_proj/v_proj/o_proj`, the cache
-argument, named `past_key_values` in 5.23 and `cache` in 5.24, `ALL_ATTENTION_FUNCTIONS`, output recording) this file
-relies on.
+Every class inherits its stock class's `__init__` and `forward` (see `damcha_pretrained.py`); only the attention's
+`forward` is DAMCHA's. It relies on Llama's attention internals (`q_proj/k_proj/v_proj/o_proj`, the cache argument,
+`past_key_values` before transformers 5.24 and `cache` after, `ALL_ATTENTION_FUNCTIONS`, output recording).
 """
 
 import torch
-from torch import nn
-from transformers import GenerationMixin
+from transformers import AutoModel, GenerationMixin
 from transformers.cache_utils import Cache
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
-    LlamaDecoderLayer,
     LlamaForCausalLM,
+    LlamaForQuestionAnswering,
     LlamaForSequenceClassification,
-    LlamaMLP,
+    LlamaForTokenClassification,
     LlamaModel,
     LlamaPreTrainedModel,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
     apply_rotary_pos_emb,
     eager_attention_forward,
 )
 
 from .configuration_damcha_llama import DamchaLlamaConfig
-from .damcha_attention import (
-    CrossHeadMetric,
-    build_cross_head_mixing,
-    cross_head_attention,
-)
 from .damcha_family import DamchaFamily, DamchaHead
-from .damcha_pretrained import DamchaPreTrainedMixin, forward_with_cross_head_metric, stack_cross_head_metric
+from .damcha_pretrained import DamchaAttentionMixin, DamchaPreTrainedMixin, forward_with_cross_head_metric
+from .dispatch import cross_head_attention
+from .metric import CrossHeadMetric
 
 
-class DamchaLlamaAttention(LlamaAttention):
+class DamchaLlamaAttention(DamchaAttentionMixin, LlamaAttention):
     """Llama self-attention with DAMCHA's cross-head metric; the metric comes in as `cross_head_metric`.
 
     For `cross_head_variant="talking_heads"` / `"dcmha"` the layer owns its head-mixing module, `cross_head_mixing`.
     """
-
-    def __init__(self, config: DamchaLlamaConfig, layer_idx: int):
-        super().__init__(config, layer_idx=layer_idx)
-        self.num_heads = config.num_attention_heads
-        self.cross_head_mixing = build_cross_head_mixing(config)
 
     def forward(
         self,
@@ -89,61 +77,37 @@ class DamchaLlamaAttention(LlamaAttention):
         return self.o_proj(attn_output), attn_weights
 
 
-class DamchaLlamaDecoderLayer(LlamaDecoderLayer):
-    """A Llama decoder layer whose attention is `DamchaLlamaAttention`; built directly, never from a plain layer."""
-
-    def __init__(self, config: DamchaLlamaConfig, layer_idx: int):
-        GradientCheckpointingLayer.__init__(self)
-        self.hidden_size = config.hidden_size
-        self.self_attn = DamchaLlamaAttention(config=config, layer_idx=layer_idx)
-        self.mlp = LlamaMLP(config)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-
 class DamchaLlamaPreTrainedModel(DamchaPreTrainedMixin, LlamaPreTrainedModel):
     config_class = DamchaLlamaConfig
     config: DamchaLlamaConfig
-    _no_split_modules = ["DamchaLlamaDecoderLayer"]
+    damcha_attention_class = DamchaLlamaAttention
 
 
 class DamchaLlamaModel(DamchaLlamaPreTrainedModel, LlamaModel):
-    def __init__(self, config: DamchaLlamaConfig):
-        # LlamaModel.__init__ would build plain Llama layers only for them to be replaced: build DAMCHA's directly.
-        DamchaLlamaPreTrainedModel.__init__(self, config)
-        self.padding_idx = config.pad_token_id
-        self.vocab_size = config.vocab_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
-        self.layers = nn.ModuleList(
-            [DamchaLlamaDecoderLayer(config, layer_idx) for layer_idx in range(config.num_hidden_layers)]
-        )
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = LlamaRotaryEmbedding(config=config)
-        self.cross_head_metric = stack_cross_head_metric(config)
-        self.gradient_checkpointing = False
-        self.post_init()
-
+    damcha_base_model = True
     forward = forward_with_cross_head_metric(LlamaModel.forward)
 
 
 class DamchaLlamaForCausalLM(DamchaLlamaPreTrainedModel, LlamaForCausalLM, GenerationMixin):
-    def __init__(self, config: DamchaLlamaConfig):
-        DamchaLlamaPreTrainedModel.__init__(self, config)
-        self.model = DamchaLlamaModel(config)
-        self.vocab_size = config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
+    pass
 
 
 class DamchaLlamaForSequenceClassification(DamchaLlamaPreTrainedModel, LlamaForSequenceClassification):
-    def __init__(self, config: DamchaLlamaConfig):
-        # The generic head builds its base model with `AutoModel.from_config`, which would need the Auto registration
-        # (absent under remote code): build DAMCHA's directly.
-        DamchaLlamaPreTrainedModel.__init__(self, config)
-        self.num_labels = config.num_labels
-        self.model = DamchaLlamaModel(config)
-        self.score = nn.Linear(config.hidden_size, self.num_labels, bias=False)
-        self.post_init()
+    pass
+
+
+class DamchaLlamaForQuestionAnswering(DamchaLlamaPreTrainedModel, LlamaForQuestionAnswering):
+    pass
+
+
+class DamchaLlamaForTokenClassification(DamchaLlamaPreTrainedModel, LlamaForTokenClassification):
+    pass
+
+
+# The generic Llama heads (sequence and token classification, question answering) build their base model with
+# `AutoModel.from_config(config)`. Registered here, in the model file, so that it resolves to the DAMCHA base model
+# also under remote code, where the plugin's own registration never ran.
+AutoModel.register(DamchaLlamaConfig, DamchaLlamaModel, exist_ok=True)
 
 
 DAMCHA_FAMILY = DamchaFamily(
@@ -159,6 +123,18 @@ DAMCHA_FAMILY = DamchaFamily(
             LlamaForSequenceClassification,
             "text-classification",
         ),
+        DamchaHead(
+            "AutoModelForQuestionAnswering",
+            DamchaLlamaForQuestionAnswering,
+            LlamaForQuestionAnswering,
+            "question-answering",
+        ),
+        DamchaHead(
+            "AutoModelForTokenClassification",
+            DamchaLlamaForTokenClassification,
+            LlamaForTokenClassification,
+            "token-classification",
+        ),
     ),
     causal=True,
     vision=False,
@@ -172,4 +148,6 @@ __all__ = [
     "DamchaLlamaModel",
     "DamchaLlamaForCausalLM",
     "DamchaLlamaForSequenceClassification",
+    "DamchaLlamaForQuestionAnswering",
+    "DamchaLlamaForTokenClassification",
 ]

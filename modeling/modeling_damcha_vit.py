@@ -1,58 +1,42 @@
-"""DAMCHA ViT: the Vision Transformer whose self-attention scores with the cross-head metric of `damcha_attention`.
+"""DAMCHA ViT: the Vision Transformer whose self-attention scores with the cross-head metric of `metric.py`.
 
 Only the self-attention changes; patch embeddings, MLPs, the classifier and every weight name are ViT's, so every ViT
 checkpoint loads with all weights kept and (the metric generator starting at zero) identical outputs.
 
-Tested with transformers 5.24, whose ViT internals (`ViTAttention` with `q_proj/k_proj/v_proj/o_proj`,
-`ViTModel.layers`, `ALL_ATTENTION_FUNCTIONS`, output recording, the "ViTModel" checkpoint conversion mapping) this file
-relies on.
+Every class inherits its stock class's `__init__` and `forward` (see `damcha_pretrained.py`); the base model checks its
+`pixel_values` and passes the metric down before ViT's own `forward`. It relies on ViT's attention internals
+(`ViTAttention` with `q_proj/k_proj/v_proj/o_proj`, `ALL_ATTENTION_FUNCTIONS`, output recording, the "ViTModel"
+checkpoint conversion mapping).
 """
 
 import functools
 
 import torch
-from torch import nn
 from transformers.conversion_mapping import (
     get_checkpoint_conversion_mapping,
     register_checkpoint_conversion_mapping,
 )
-from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.vit.modeling_vit import (
     ViTAttention,
-    ViTEmbeddings,
     ViTForImageClassification,
     ViTForMaskedImageModeling,
-    ViTLayer,
-    ViTMLP,
     ViTModel,
-    ViTPooler,
     ViTPreTrainedModel,
     eager_attention_forward,
 )
 
 from .configuration_damcha_vit import DamchaViTConfig, _pair
-from .damcha_attention import (
-    CrossHeadMetric,
-    build_cross_head_mixing,
-    cross_head_attention,
-    cross_head_variant_of,
-    project_heads,
-)
 from .damcha_family import DamchaFamily, DamchaHead
-from .damcha_pretrained import DamchaPreTrainedMixin, stack_cross_head_metric
+from .damcha_pretrained import DamchaAttentionMixin, DamchaPreTrainedMixin
+from .dispatch import cross_head_attention
+from .metric import CrossHeadMetric, project_heads
 
 
-class DamchaViTAttention(ViTAttention):
+class DamchaViTAttention(DamchaAttentionMixin, ViTAttention):
     """ViT self-attention with DAMCHA's cross-head metric; the metric comes in as `cross_head_metric`.
 
     For `cross_head_variant="talking_heads"` / `"dcmha"` the layer owns its head-mixing module, `cross_head_mixing`.
     """
-
-    def __init__(self, config: DamchaViTConfig, layer_idx: int):
-        super().__init__(config)
-        # Picks the layer's generator under `metric_sharing="layer"`; plain ViT layers have no index.
-        self.layer_idx = layer_idx
-        self.cross_head_mixing = build_cross_head_mixing(config)
 
     def forward(
         self,
@@ -86,22 +70,10 @@ class DamchaViTAttention(ViTAttention):
         return self.o_proj(attn_output), attn_weights
 
 
-class DamchaViTLayer(ViTLayer):
-    """A ViT encoder layer whose attention is `DamchaViTAttention`; built directly, never from a plain ViT layer."""
-
-    def __init__(self, config: DamchaViTConfig, layer_idx: int):
-        GradientCheckpointingLayer.__init__(self)
-        self.attention = DamchaViTAttention(config, layer_idx=layer_idx)
-        self.layernorm_before = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.layernorm_after = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.mlp = ViTMLP(config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-
 class DamchaViTPreTrainedModel(DamchaPreTrainedMixin, ViTPreTrainedModel):
     config_class = DamchaViTConfig
     config: DamchaViTConfig
-    _no_split_modules = ["ViTEmbeddings", "DamchaViTLayer"]
+    damcha_attention_class = DamchaViTAttention
 
 
 def check_pixel_values(config: DamchaViTConfig, pixel_values, interpolate_pos_encoding: bool | None) -> None:
@@ -155,22 +127,7 @@ def attended_tokens(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 class DamchaViTModel(DamchaViTPreTrainedModel, ViTModel):
-    def __init__(self, config: DamchaViTConfig, add_pooling_layer: bool = True, use_mask_token: bool = False):
-        r"""
-        add_pooling_layer (bool, *optional*, defaults to `True`):
-            Whether to add a pooling layer
-        use_mask_token (`bool`, *optional*, defaults to `False`):
-            Whether to use a mask token for masked image modeling.
-        """
-        # ViTModel.__init__ would build plain ViT layers only for them to be replaced: build DAMCHA's directly.
-        DamchaViTPreTrainedModel.__init__(self, config)
-        self.config = config
-        self.embeddings = ViTEmbeddings(config, use_mask_token=use_mask_token)
-        self.layers = nn.ModuleList([DamchaViTLayer(config, layer_idx=i) for i in range(config.num_hidden_layers)])
-        self.layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.pooler = ViTPooler(config) if add_pooling_layer else None
-        self.cross_head_metric = stack_cross_head_metric(config)
-        self.post_init()
+    damcha_base_model = True
 
     @functools.wraps(ViTModel.forward)
     def forward(
@@ -182,7 +139,7 @@ class DamchaViTModel(DamchaViTPreTrainedModel, ViTModel):
         **kwargs,
     ):
         check_pixel_values(self.config, pixel_values, interpolate_pos_encoding)
-        sequence_metric = cross_head_variant_of(self.config) == "damcha" and self.config.metric_context == "sequence"
+        sequence_metric = self.config.cross_head_variant == "damcha" and self.config.metric_context == "sequence"
         if sequence_metric and attention_mask is not None:
             # `"sequence"` takes its metric from the mean over the tokens the mask keeps (padding leaves it unchanged).
             kwargs["token_mask"] = attended_tokens(attention_mask)
@@ -199,26 +156,12 @@ class DamchaViTModel(DamchaViTPreTrainedModel, ViTModel):
 
 
 class DamchaViTForImageClassification(DamchaViTPreTrainedModel, ViTForImageClassification):
-    def __init__(self, config: DamchaViTConfig):
-        DamchaViTPreTrainedModel.__init__(self, config)
-        self.num_labels = config.num_labels
-        self.vit = DamchaViTModel(config, add_pooling_layer=False)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels) if config.num_labels > 0 else nn.Identity()
-        self.post_init()
+    pass
 
 
 class DamchaViTForMaskedImageModeling(DamchaViTPreTrainedModel, ViTForMaskedImageModeling):
     """ViT with the SimMIM decoder for masked image modelling (`bool_masked_pos`); needs `encoder_stride` equal to
     `patch_size` when masking, as the stock class does."""
-
-    def __init__(self, config: DamchaViTConfig):
-        DamchaViTPreTrainedModel.__init__(self, config)
-        self.vit = DamchaViTModel(config, add_pooling_layer=False, use_mask_token=True)
-        self.decoder = nn.Sequential(
-            nn.Conv2d(config.hidden_size, config.encoder_stride**2 * config.num_channels, kernel_size=1),
-            nn.PixelShuffle(config.encoder_stride),
-        )
-        self.post_init()
 
 
 # Checkpoints saved before transformers 5 (and ViT checkpoints that transformers 5 still writes) name the weights

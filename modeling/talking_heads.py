@@ -15,7 +15,7 @@ layer computes exactly multi-head attention. The matrices are input-independent 
 baseline from DAMCHA and DCMHA). Row `i` is the output head, as for DAMCHA's `C_ij`.
 
 Because it mixes the `n x n` score maps, talking-heads attention cannot run on fused kernels (SDPA, flash, flex):
-`damcha_attention.cross_head_attention` runs it with `score_mixing_attention` in eager mode.
+`dispatch.cross_head_attention` runs it with `score_mixing_attention` in eager mode.
 
 Written for this project from the paper; this file imports only torch and transformers
 (remote-code payload).
@@ -28,9 +28,6 @@ from transformers import initialization as init
 
 class TalkingHeadsMixing(nn.Module):
     """The two `H x H` head-mixing matrices of one talking-heads attention layer (identity at init)."""
-
-    # Talking-heads has no per-position weights, so nothing is stored next to the cached keys.
-    key_weights_width = 0
 
     def __init__(self, num_heads: int):
         super().__init__()

@@ -26,7 +26,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from damcha_hf import DamchaGPT2Config, DamchaLlamaConfig, DamchaViTConfig
 from damcha_hf.families import GPT2_FAMILY, LLAMA_FAMILY, VIT_FAMILY
-from damcha_hf.modeling import damcha_attention
+from damcha_hf.modeling import damcha_pretrained, metric
 
 pytestmark = pytest.mark.common
 
@@ -52,15 +52,15 @@ class DamchaTesterMixin(ModelTesterMixin):
 
     def setUp(self):
         if self.random_generator:
-            original = damcha_attention.init_metric_generator
+            original = damcha_pretrained.init_metric_generator
 
             def random_init(module):
-                if isinstance(module, damcha_attention.MetricOutputLayer):
+                if isinstance(module, metric.MetricOutputLayer):
                     nn.init.normal_(module.weight, std=0.5)
                     nn.init.normal_(module.bias, std=0.5)
 
-            damcha_attention.init_metric_generator = random_init
-            self.addCleanup(setattr, damcha_attention, "init_metric_generator", original)
+            damcha_pretrained.init_metric_generator = random_init
+            self.addCleanup(setattr, damcha_pretrained, "init_metric_generator", original)
         self.set_up_testers()
 
     def _prepare_for_class(self, inputs_dict, model_class, return_labels=False):
@@ -156,7 +156,7 @@ class DamchaTesterMixin(ModelTesterMixin):
     def test_generator_is_zero_or_random_as_this_class_says(self):
         config, _ = self.model_tester.prepare_config_and_inputs_for_common()
         model = self.all_model_classes[0](config)
-        output_layer = next(m for m in model.modules() if isinstance(m, damcha_attention.MetricOutputLayer))
+        output_layer = next(m for m in model.modules() if isinstance(m, metric.MetricOutputLayer))
         self.assertEqual(bool(output_layer.weight.abs().max() > 0), self.random_generator)
 
 

@@ -153,11 +153,8 @@ def test_llama_attention_receives_no_argument_it_does_not_name(monkeypatch):
 # builds, and every head each family declares.
 PARITY_PAIRS = [
     (modeling_damcha_gpt2.DamchaGPT2Attention, modeling_gpt2.GPT2Attention, {"layer_idx": 1}),
-    (modeling_damcha_gpt2.DamchaGPT2Block, modeling_gpt2.GPT2Block, {"layer_idx": 1}),
     (modeling_damcha_llama.DamchaLlamaAttention, modeling_llama.LlamaAttention, {"layer_idx": 1}),
-    (modeling_damcha_llama.DamchaLlamaDecoderLayer, modeling_llama.LlamaDecoderLayer, {"layer_idx": 1}),
     (modeling_damcha_vit.DamchaViTAttention, modeling_vit.ViTAttention, {"layer_idx": 1}),
-    (modeling_damcha_vit.DamchaViTLayer, modeling_vit.ViTLayer, {"layer_idx": 1}),
     (modeling_damcha_vit.DamchaViTModel, modeling_vit.ViTModel, {"add_pooling_layer": False, "use_mask_token": True}),
 ] + [(head.model_class, head.stock_class, {}) for family in FAMILIES for head in family.heads]
 # What DAMCHA adds: its metric generator and the baselines' mixing modules; the metric and the token mask of

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from damcha_hf.modeling.damcha_attention import (
+from damcha_hf.modeling.metric import (
     CrossHeadMetric,
     cross_head_query_key,
     exact_gelu,
@@ -119,7 +119,7 @@ def test_options_module_is_torch_free_and_matches_the_core():
     import sys
     from pathlib import Path
 
-    from damcha_hf.modeling import damcha_attention, damcha_config
+    from damcha_hf.modeling import damcha_config, score_mixing
 
     path = Path(damcha_config.__file__)
     code = (
@@ -130,7 +130,7 @@ def test_options_module_is_torch_free_and_matches_the_core():
     )
     result = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
-    assert tuple(damcha_attention.SCORE_MIXING_VARIANTS) == damcha_config.SCORE_MIXING_VARIANT_NAMES
+    assert tuple(score_mixing.SCORE_MIXING_VARIANTS) == damcha_config.SCORE_MIXING_VARIANT_NAMES
     assert set(damcha_config.SCORE_MIXING_VARIANT_NAMES) < set(damcha_config.CROSS_HEAD_VARIANTS)
 
 
@@ -239,7 +239,7 @@ def test_exact_gelu_is_pytorchs_own_kernel_for_small_inputs_and_gelu_for_all(sha
 
 def test_inference_path_equals_the_autograd_path_and_the_oracle():
     """The generator's no-grad path (what decoding runs: two `linear` and `exact_gelu`) and its autograd path
-    (`_RecomputedGeneratorMLP`) give the oracle's C, for one token as in a decoding step and for a prompt, with the
+    (`RecomputedGeneratorMLP`) give the oracle's C, for one token as in a decoding step and for a prompt, with the
     per-layer generators picked by index."""
     metric = random_metric()
     for x in (torch.randn(1, 1, HIDDEN), torch.randn(BATCH, SEQ, HIDDEN)):

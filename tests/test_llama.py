@@ -22,7 +22,7 @@ from damcha_hf import (
     DamchaLlamaForSequenceClassification,
     DamchaLlamaModel,
 )
-from damcha_hf.modeling.damcha_attention import CrossHeadMetric, cross_head_query_key
+from damcha_hf.modeling.metric import CrossHeadMetric, cross_head_query_key
 
 CAUSAL_CONTEXTS = ["token", "query"]
 KV_HEADS = [8, 2]  # multi-head (8 query heads, 8 key/value heads) and grouped-query (8 query heads, 2 groups)
@@ -405,5 +405,7 @@ def test_hub_checkpoint_and_card_of_a_llama_model(tmp_path):
         "AutoModel": "modeling_damcha_llama.DamchaLlamaModel",
         "AutoModelForCausalLM": "modeling_damcha_llama.DamchaLlamaForCausalLM",
         "AutoModelForSequenceClassification": "modeling_damcha_llama.DamchaLlamaForSequenceClassification",
+        "AutoModelForQuestionAnswering": "modeling_damcha_llama.DamchaLlamaForQuestionAnswering",
+        "AutoModelForTokenClassification": "modeling_damcha_llama.DamchaLlamaForTokenClassification",
     }
     assert (folder / "metric_heatmap.png").is_file() and (folder / "damcha_family.py").is_file()

@@ -54,7 +54,7 @@ def test_no_generic_top_level_name_lands_in_site_packages(wheel_names):
 
 
 def test_model_files_install_as_damcha_hf_modeling(wheel_names):
-    for module in ("damcha_attention.py", "configuration_damcha_gpt2.py", "modeling_damcha_gpt2.py"):
+    for module in ("metric.py", "configuration_damcha_gpt2.py", "modeling_damcha_gpt2.py"):
         assert f"damcha_hf/modeling/{module}" in wheel_names
 
 

@@ -156,7 +156,7 @@ def test_grouped_query_llama_checkpoint_loads_with_trust_remote_code_without_the
     assert model.config.num_key_value_heads < model.config.num_attention_heads
     folder = tmp_path / "checkpoint"
     model.save_pretrained(folder)
-    assert {"modeling_damcha_llama.py", "configuration_damcha_llama.py", "damcha_attention.py"} <= {
+    assert {"modeling_damcha_llama.py", "configuration_damcha_llama.py", "metric.py"} <= {
         path.name for path in folder.glob("*.py")
     }
     inputs = {"input_ids": torch.randint(0, model.config.vocab_size, (2, 11))}

@@ -305,7 +305,7 @@ def loading_section(auto_class: str, repo_id: str, family: str, has_preprocessor
         "`pip install -e .`):\n\n"
         + snippet(plugin=True)
         + "\n\nWithout the plugin: the repository carries the model code (`configuration_damcha_*.py`, "
-        "`modeling_damcha_*.py`, `damcha_attention.py` and the files they import; they import only torch and "
+        "`modeling_damcha_*.py`, `metric.py`, `dispatch.py` and the files they import; they import only torch and "
         "transformers), which "
         "transformers runs when you allow remote code. Read it first: it executes on your machine.\n\n"
         + snippet(plugin=False)

@@ -1,0 +1,119 @@
+"""The score-mixing baselines' attention: talking-heads and DCMHA mix the `n x n` score maps across heads, which no
+fused kernel exposes, so they run in eager attention with materialised maps (`score_mixing_attention`), and a model
+refuses any other `attn_implementation` for them (`eager_attn_implementation_for`).
+
+This file imports only torch and its siblings: it is part of the remote-code payload.
+"""
+
+import torch
+from torch import nn
+
+from .damcha_config import SCORE_MIXING_VARIANT_NAMES
+from .dcmha import DynamicHeadComposition
+from .talking_heads import TalkingHeadsMixing
+
+# Variants that mix the n x n score maps across heads, so that only eager attention can run them.
+SCORE_MIXING_VARIANTS = dict(zip(SCORE_MIXING_VARIANT_NAMES, (TalkingHeadsMixing, DynamicHeadComposition), strict=True))
+
+
+def build_cross_head_mixing(config) -> nn.Module | None:
+    """The per-layer module of a score-mixing variant (`TalkingHeadsMixing`, `DynamicHeadComposition`), else None.
+
+    A model's attention layer stores it as `cross_head_mixing`, where `cross_head_attention` finds it.
+    """
+    mixing_class = SCORE_MIXING_VARIANTS.get(config.cross_head_variant)
+    return None if mixing_class is None else mixing_class.from_config(config)
+
+
+def eager_attn_implementation_for(config, requested: str | None) -> str | None:
+    """The attention backend a model must use for `config`'s variant, or None where the usual resolution applies.
+
+    Talking-heads and DCMHA need the materialised score maps: they get `"eager"` when no backend was requested, and a
+    `ValueError` naming `attn_implementation` and the fix when another one was. Models call this from
+    `_check_and_adjust_attn_implementation`, so that construction, `from_pretrained` and `set_attn_implementation`
+    all resolve the same way.
+    """
+    variant = config.cross_head_variant
+    if variant not in SCORE_MIXING_VARIANTS:
+        return None
+    if requested not in (None, "eager"):
+        raise ValueError(
+            f"`cross_head_variant={variant!r}` mixes the attention score maps across heads, which only eager attention "
+            f"materialises, so it cannot run with `attn_implementation={requested!r}`. Load or build the model with "
+            f"`attn_implementation='eager'` (or leave it unset), or use `cross_head_variant='damcha'` or `'none'`, "
+            "which run on every backend."
+        )
+    return "eager"
+
+
+def score_mixing_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    mixing: nn.Module,
+    query_weights=None,
+    key_weights: torch.Tensor | None = None,
+    scaling: float,
+    dropout: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager attention whose score maps are mixed across heads before and after the softmax (talking-heads, DCMHA).
+
+    The logits are mixed first and masked after, so that the mask's large negative values never enter a mix; each
+    entry `(t, s)` is mixed only with entry `(t, s)` of the other heads, so a masked (future) key reaches nothing but
+    masked entries. After the softmax the masked entries are zero in every head and mixing keeps them zero.
+    `attention_mask` is the eager additive float mask or a boolean mask (True = attend), or None.
+    Returns `(attn_output (batch, seq, heads, head_dim), attn_weights (batch, heads, seq, keys))`.
+    """
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    scores = mixing.mix_logits(scores, query_weights, key_weights)
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + attention_mask
+    probabilities = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    probabilities = mixing.mix_probabilities(probabilities, query_weights, key_weights)
+    probabilities = nn.functional.dropout(probabilities, p=dropout, training=module.training)
+    attn_output = torch.matmul(probabilities, value).transpose(1, 2)
+    return attn_output, probabilities
+
+
+def score_mixing_cross_head_attention(
+    module, hidden_states, query, key, value, attention_mask, *, dropout, cache=None, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
+    config = module.config
+    variant = config.cross_head_variant
+    if config._attn_implementation not in (None, "eager"):
+        eager_attn_implementation_for(config, config._attn_implementation)  # raises the error that names the fix
+    mixing = getattr(module, "cross_head_mixing", None)
+    # A wrapper (PEFT's modules_to_save) stands in for the module and forwards its methods to the trained copy, so the
+    # check looks through it instead of insisting on the class.
+    if not isinstance(getattr(mixing, "original_module", mixing), SCORE_MIXING_VARIANTS[variant]):
+        raise ValueError(
+            f"{type(module).__name__} has no `cross_head_mixing` module for `cross_head_variant={variant!r}`; build "
+            "it in the layer's __init__ with `build_cross_head_mixing(config)`."
+        )
+    query_weights, key_weights = mixing.dynamic_weights(hidden_states)
+    head_dim = key.shape[-1]
+    if key_weights is not None:
+        key = torch.cat([key, key_weights.to(key.dtype)], dim=-1)
+    if cache is not None:
+        key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
+    if key_weights is not None:
+        key, key_weights = key.split([head_dim, key.shape[-1] - head_dim], dim=-1)
+    return score_mixing_attention(
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        mixing=mixing,
+        query_weights=query_weights,
+        key_weights=key_weights,
+        scaling=module.scaling,
+        dropout=dropout,
+    )

@@ -163,7 +163,7 @@ def test_demo_keeps_to_its_time_budget_when_the_pace_changes(tmp_path, capsys, m
 
     def perf_counter():
         clock["readings"] += 1
-        clock["now"] += 0.01 if clock["readings"] < 300 else 0.02
+        clock["now"] += 0.01 if clock["readings"] < 150 else 0.02
         return clock["now"]
 
     monkeypatch.setattr(demo, "time", SimpleNamespace(perf_counter=perf_counter))

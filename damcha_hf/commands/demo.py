@@ -163,10 +163,10 @@ def verdict(low: float, high: float) -> str:
 class TimeBudget:
     """Fits training, its evaluations included, into `--time-budget` minutes.
 
-    The step count is planned after CALIBRATION_STEPS timed steps and re-planned every CALIBRATION_STEPS steps from
-    the pace of the latest steps and the time the evaluations took (other work on the machine changes the pace), so
-    the learning-rate schedule anneals by the end; training also stops when the time is up. Both models train the
-    same steps, so the comparison stays exact whatever the plan.
+    The step count is planned after CALIBRATION_STEPS timed steps and re-planned after every later step from the
+    pace of the latest CALIBRATION_STEPS steps and the time the evaluations took (other work on the machine changes
+    the pace), so the learning-rate schedule anneals by the end; training also stops when the time is up. Both models
+    train the same steps, so the comparison stays exact whatever the plan.
     """
 
     def __init__(self, minutes: float, max_steps: int, clock=None):
@@ -174,7 +174,8 @@ class TimeBudget:
         self.max_steps = max_steps
         self.clock = clock or time.perf_counter
         self.started = self.clock()
-        self.step_seconds: list[float] = []
+        self.step_seconds: list[float] = []  # from one step's end to the next's, evaluations left out
+        self._last_step_end = self.started
         self.evaluation_seconds: list[float] = []
         self.first_plan: int | None = None
 
@@ -182,12 +183,22 @@ class TimeBudget:
     def limited(self) -> bool:
         return self.seconds > 0
 
+    def step_done(self) -> None:
+        """Record a training step: everything since the previous step ended, less the evaluations in between."""
+        now = self.clock()
+        evaluations = sum(self.evaluation_seconds[self._evaluations_counted :])
+        self._evaluations_counted = len(self.evaluation_seconds)
+        self.step_seconds.append(now - self._last_step_end - evaluations)
+        self._last_step_end = now
+
+    _evaluations_counted = 0
+
     def elapsed(self) -> float:
         return self.clock() - self.started
 
     def pace(self) -> float:
         """Seconds per training step (both models), over the latest steps after the slower first ones."""
-        recent = self.step_seconds[WARMUP_TIMING_STEPS:][-4 * CALIBRATION_STEPS :] or self.step_seconds
+        recent = self.step_seconds[WARMUP_TIMING_STEPS:][-CALIBRATION_STEPS:] or self.step_seconds
         return sum(recent) / len(recent)
 
     def evaluation_cost(self, estimate: float) -> float:
@@ -196,7 +207,7 @@ class TimeBudget:
     def plan(self, step: int, still_to_evaluate: float) -> int | None:
         """The step count that ends at the budget (None when there is no budget or no re-plan is due at `step`);
         `still_to_evaluate`: seconds of evaluation the rest of the run needs."""
-        if not self.limited or step < CALIBRATION_STEPS or step % CALIBRATION_STEPS:
+        if not self.limited or step < CALIBRATION_STEPS:
             return None
         affordable = int((self.seconds - self.elapsed() - still_to_evaluate) / self.pace())
         total = max(step, min(self.max_steps, step + affordable))
@@ -312,7 +323,6 @@ def run(args: argparse.Namespace) -> int:
     step = evaluations_done = 0
     stopped_on_clock = False
     while step < plan["total"]:
-        step_started = time.perf_counter()
         step += 1
         start = (step - 1) * args.batch_size % len(order)
         indices = order[start : start + args.batch_size]
@@ -333,14 +343,14 @@ def run(args: argparse.Namespace) -> int:
             )
         progress.update(1)
         progress.set_postfix({f"{name} loss": f"{value:.3f}" for name, value in losses.items()})
-        budget.step_seconds.append(time.perf_counter() - step_started)
+        budget.step_done()
         new_total = budget.plan(step, evaluation_seconds_left(evaluations_done))
         if new_total is not None:
             if step == CALIBRATION_STEPS:
                 progress.write(f"plan: {new_total} steps fit the {args.time_budget:g}-minute budget at "
                                f"{budget.pace():.2f} s per step for both models, evaluations included; re-planned "
-                               f"every {CALIBRATION_STEPS} steps from the measured pace, and stopped when the time "
-                               "is up (--time-budget)")  # fmt: skip
+                               "at every step from the measured pace, and stopped when the time is up "
+                               "(--time-budget)")  # fmt: skip
             plan["total"] = progress.total = new_total
         if step < plan["total"] and budget.out_of_time(reserve=evaluation_seconds_left(EVALUATIONS - 1)):
             plan["total"] = progress.total = step  # slower than measured: stop here (evaluated below)
@@ -363,12 +373,14 @@ def run(args: argparse.Namespace) -> int:
     # Final numbers on every validation block, through the shipped evaluate module (the same NLL, counted in bytes).
     bits_per_byte_metric = load_metric("bits_per_byte", "nll")
     per_block, results = {}, {}
+    final_evaluation_started = time.perf_counter()
     for name, model in models.items():
         per_block[name] = block_nll(model, eval_blocks, eval_batch_size)
         eval_loss = per_block[name].mean().item()
         num_bytes = eval_blocks.shape[0] * (eval_blocks.shape[1] - 1)
         bpb = bits_per_byte_metric.compute(predictions=[eval_loss * num_bytes], references=[num_bytes])
         results[name] = {"eval_loss": eval_loss, "eval_bits_per_byte": bpb["bits_per_byte"]}
+    final_evaluation_seconds = time.perf_counter() - final_evaluation_started
     training_seconds = budget.elapsed()
     minutes, seconds = divmod(training_seconds, 60)
     if budget.limited:
@@ -405,7 +417,8 @@ def run(args: argparse.Namespace) -> int:
     sample = tokenizer.decode(generated[0], skip_special_tokens=True)
 
     timing = {"budget_seconds": budget.seconds, "seconds": training_seconds, "first_plan": budget.first_plan,
-              "stopped_on_clock": stopped_on_clock}  # fmt: skip
+              "stopped_on_clock": stopped_on_clock, "final_evaluation_seconds": final_evaluation_seconds,
+              "curve_evaluation_seconds": budget.evaluation_seconds}  # fmt: skip
     summary = {"steps": step, "results": results, "comparison": comparison, "validation": validation_note,
                "time": timing, "log_history": histories, "sample": sample}  # fmt: skip
     _save(damcha, tokenizer, args, histories, results, summary, validation_note)

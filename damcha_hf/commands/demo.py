@@ -13,9 +13,11 @@ import os
 import time
 
 from damcha_hf import argument_checks as checks
+from damcha_hf.modeling.damcha_config import METRIC_CONTEXTS
 from damcha_hf.safe_files import check_checkpoint_folder
 
 RESULTS_FILE = "demo_results.json"
+CAUSAL_METRIC_CONTEXTS = tuple(context for context in METRIC_CONTEXTS if context != "sequence")
 DEFAULT_MAX_STEPS = 1000
 DEFAULT_TIME_BUDGET_MINUTES = 6.0
 DEFAULT_EVAL_BLOCKS = 1024
@@ -69,7 +71,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--n-layer", type=checks.positive_int, default=4)
     parser.add_argument("--n-embd", type=checks.positive_int, default=128)
     parser.add_argument("--n-head", type=checks.positive_int, default=8, help="must divide --n-embd (default: 8)")
-    parser.add_argument("--metric-context", choices=("token", "query"), default="token")
+    parser.add_argument("--metric-context", choices=CAUSAL_METRIC_CONTEXTS, default="token",
+                        help="what the cross-head matrix C depends on ('sequence' would show a causal model the "
+                        "future)")  # fmt: skip
     parser.add_argument("--metric-hidden-size", type=checks.positive_int, default=64)
     parser.add_argument("--learning-rate", type=checks.positive_float, default=3e-3)
     parser.add_argument("--max-data-bytes", type=checks.positive_int, default=3_000_000,

@@ -4,6 +4,7 @@ import argparse
 import os
 
 from damcha_hf.argument_checks import HelpFormatter
+from damcha_hf.modeling.damcha_config import CROSS_HEAD_VARIANTS
 
 # The presets every family declares (`DamchaFamily.presets`), listed here without importing torch for `--help`.
 PRESET_DESCRIPTIONS = {
@@ -45,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--cross-head-variant",
         default=None,
-        choices=("damcha", "talking_heads", "dcmha", "none"),
+        choices=CROSS_HEAD_VARIANTS,
         help="for a preset: damcha (default), talking_heads, dcmha or none, to compare the added parameters",
     )
     parser.set_defaults(func=run)

@@ -181,6 +181,7 @@ class TimeBudget:
         self.step_seconds: list[float] = []  # from one step's end to the next's, evaluations left out
         self._last_step_end = self.started
         self.evaluation_seconds: list[float] = []
+        self._evaluations_counted = 0  # of `evaluation_seconds`, already taken out of a step's time
         self.first_plan: int | None = None
 
     @property
@@ -194,8 +195,6 @@ class TimeBudget:
         self._evaluations_counted = len(self.evaluation_seconds)
         self.step_seconds.append(now - self._last_step_end - evaluations)
         self._last_step_end = now
-
-    _evaluations_counted = 0
 
     def elapsed(self) -> float:
         return self.clock() - self.started

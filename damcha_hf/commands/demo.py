@@ -405,8 +405,10 @@ def run(args: argparse.Namespace) -> int:
                   "blocks": len(eval_blocks), "documents": documents}  # fmt: skip
     print(f"DAMCHA - MHA: {difference:+.4f} bits per byte, 95% interval [{low:+.4f}, {high:+.4f}]: "
           f"{comparison['verdict']}")  # fmt: skip
-    print(f"  (a paired bootstrap over the {len(eval_blocks)} validation blocks, the same blocks for both models; it "
-          "covers which blocks were drawn, not the training run: another --seed trains differently)")  # fmt: skip
+    print(f"  (a paired bootstrap over the {len(eval_blocks)} validation blocks, the same blocks for both models: it "
+          "says how much the figure depends on which blocks were drawn, for this one training run. Another --seed "
+          "trains another pair of models, whose difference can move by more than this interval: compare several "
+          "seeds before drawing a conclusion about DAMCHA)")  # fmt: skip
 
     damcha.eval()
     prompt = tokenizer(args.prompt, return_tensors="pt")

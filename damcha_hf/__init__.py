@@ -1,8 +1,11 @@
 """damcha-hf: DAMCHA attention for Hugging Face Transformers.
 
-`import damcha_hf` registers every DAMCHA config and model with the Auto classes (`AutoConfig`, `AutoModel`,
-`AutoModelForCausalLM`, `AutoModelForSequenceClassification`, `AutoModelForImageClassification`, ...), and marks
-them for remote code so that `save_pretrained` writes an `auto_map` and copies the model files next to the weights.
+`import damcha_hf` is cheap: it imports neither torch nor transformers. Each public name below is imported on first
+use, and the DAMCHA configs and models are registered with the Auto classes (`AutoConfig`, `AutoModel`,
+`AutoModelForCausalLM`, `AutoModelForSequenceClassification`, `AutoModelForImageClassification`, ...) as soon as
+transformers loads those classes (`damcha_hf.registration`), so `import damcha_hf` then
+`AutoModelForCausalLM.from_pretrained(...)` needs no `trust_remote_code`. The classes are also marked for remote code,
+so that `save_pretrained` writes an `auto_map` and copies the model files next to the weights.
 
 Public API:
     DamchaGPT2Config, DamchaGPT2Model, DamchaGPT2LMHeadModel, DamchaGPT2ForSequenceClassification,
@@ -15,60 +18,65 @@ Public API:
     save_hub_checkpoint, build_model_card, push_checkpoint   Hub export (damcha_hf.hub); write_metric_map (the C heatmap)
 """
 
-from .conversion import convert_to_damcha
-from .hub import build_model_card, push_checkpoint, save_hub_checkpoint
-from .metric_map import write_metric_map
-from .modeling.configuration_damcha_gpt2 import DamchaGPT2Config
-from .modeling.configuration_damcha_llama import DamchaLlamaConfig
-from .modeling.configuration_damcha_vit import DamchaViTConfig
-from .modeling.modeling_damcha_gpt2 import (
-    DamchaGPT2DoubleHeadsModel,
-    DamchaGPT2ForQuestionAnswering,
-    DamchaGPT2ForSequenceClassification,
-    DamchaGPT2ForTokenClassification,
-    DamchaGPT2LMHeadModel,
-    DamchaGPT2Model,
-)
-from .modeling.modeling_damcha_llama import (
-    DamchaLlamaForCausalLM,
-    DamchaLlamaForQuestionAnswering,
-    DamchaLlamaForSequenceClassification,
-    DamchaLlamaForTokenClassification,
-    DamchaLlamaModel,
-)
-from .modeling.modeling_damcha_vit import (
-    DamchaViTForImageClassification,
-    DamchaViTForMaskedImageModeling,
-    DamchaViTModel,
-)
-from .registration import register_auto_classes
+from __future__ import annotations
 
-register_auto_classes()
+import importlib
+
+from .registration import install_auto_class_registration
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "DamchaGPT2Config",
-    "DamchaGPT2Model",
-    "DamchaGPT2LMHeadModel",
-    "DamchaGPT2ForSequenceClassification",
-    "DamchaGPT2ForTokenClassification",
-    "DamchaGPT2ForQuestionAnswering",
-    "DamchaGPT2DoubleHeadsModel",
-    "DamchaLlamaConfig",
-    "DamchaLlamaModel",
-    "DamchaLlamaForCausalLM",
-    "DamchaLlamaForSequenceClassification",
-    "DamchaLlamaForQuestionAnswering",
-    "DamchaLlamaForTokenClassification",
-    "DamchaViTConfig",
-    "DamchaViTModel",
-    "DamchaViTForImageClassification",
-    "DamchaViTForMaskedImageModeling",
-    "convert_to_damcha",
-    "save_hub_checkpoint",
-    "build_model_card",
-    "push_checkpoint",
-    "write_metric_map",
-    "__version__",
-]
+# Public name -> the module (relative to this package) that defines it, imported on first use.
+_PUBLIC_MODULES = {
+    "DamchaGPT2Config": ".modeling.configuration_damcha_gpt2",
+    "DamchaLlamaConfig": ".modeling.configuration_damcha_llama",
+    "DamchaViTConfig": ".modeling.configuration_damcha_vit",
+    **dict.fromkeys(
+        (
+            "DamchaGPT2Model",
+            "DamchaGPT2LMHeadModel",
+            "DamchaGPT2ForSequenceClassification",
+            "DamchaGPT2ForTokenClassification",
+            "DamchaGPT2ForQuestionAnswering",
+            "DamchaGPT2DoubleHeadsModel",
+        ),
+        ".modeling.modeling_damcha_gpt2",
+    ),
+    **dict.fromkeys(
+        (
+            "DamchaLlamaModel",
+            "DamchaLlamaForCausalLM",
+            "DamchaLlamaForSequenceClassification",
+            "DamchaLlamaForQuestionAnswering",
+            "DamchaLlamaForTokenClassification",
+        ),
+        ".modeling.modeling_damcha_llama",
+    ),
+    **dict.fromkeys(
+        ("DamchaViTModel", "DamchaViTForImageClassification", "DamchaViTForMaskedImageModeling"),
+        ".modeling.modeling_damcha_vit",
+    ),
+    "convert_to_damcha": ".conversion",
+    "save_hub_checkpoint": ".hub",
+    "build_model_card": ".hub",
+    "push_checkpoint": ".hub",
+    "write_metric_map": ".metric_map",
+}
+
+__all__ = [*_PUBLIC_MODULES, "__version__"]
+
+
+def __getattr__(name: str):
+    module = _PUBLIC_MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later look-ups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+install_auto_class_registration()

@@ -17,7 +17,11 @@ import re
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser, with errors on one line (no usage dump): `prog: error: message (see prog --help)`."""
+    """argparse's parser, with errors on one line (no usage dump): `prog: error: message (see prog --help)`, and no
+    abbreviated options (`--max-step` is not taken for `--max-steps`: a typo must not pick a flag)."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -145,6 +149,12 @@ def text_data_source(text: str) -> str:
     import glob
     import os
 
+    if text == "gcide":
+        from .data_sources import missing_gcide_message
+
+        message = missing_gcide_message()
+        if message:
+            raise argparse.ArgumentTypeError(message)
     if text in ("stdlib", "gcide"):
         return text
     if os.path.exists(text):

@@ -1,9 +1,9 @@
 """The `damcha-hf` command line: one subcommand per module in `damcha_hf.commands`.
 
 Each command module defines `register(subparsers)`, which adds its parser and sets `func` to the function that
-runs it with the parsed arguments and returns an exit code. Parsing imports only the standard library (the console
-script reads these modules with `damcha_hf_cli.light_import`), so `--help` and bad arguments answer at once; a
-command imports torch and transformers when it runs.
+runs it with the parsed arguments and returns an exit code. Parsing imports only the standard library (`import
+damcha_hf` is lazy), so `--help` and bad arguments answer at once; a command imports torch and transformers when it
+runs.
 
 Errors: a bad argument, a missing file, an unsafe output folder, an invalid config or a failed push end the command
 with one line on stderr and exit code 2. `--debug` (or the environment variable `DAMCHA_HF_DEBUG=1`) shows the
@@ -17,6 +17,8 @@ import importlib
 import os
 import sys
 
+from .argument_checks import ArgumentParser
+
 # Subcommand modules, in the order `damcha-hf --help` lists them.
 COMMAND_MODULES = [
     "damcha_hf.commands.demo",
@@ -27,8 +29,8 @@ COMMAND_MODULES = [
 DEBUG_VARIABLE = "DAMCHA_HF_DEBUG"
 
 
-def build_parser(load=importlib.import_module) -> argparse.ArgumentParser:
-    parser = load("damcha_hf.argument_checks").ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(
         prog="damcha-hf",
         description="DAMCHA attention for Hugging Face Transformers: train, inspect and share DAMCHA models.",
         epilog=f"Errors print one line and exit with code 2; --debug or {DEBUG_VARIABLE}=1 shows the traceback.",
@@ -36,7 +38,7 @@ def build_parser(load=importlib.import_module) -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:
-        load(module_name).register(subparsers)
+        importlib.import_module(module_name).register(subparsers)
     for subparser in subparsers.choices.values():  # also accepted after the command: `damcha-hf demo --debug`
         subparser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
@@ -83,8 +85,8 @@ def run_guarded(prog: str, function, *args, debug: bool = False) -> int:
         return report(prog, error)
 
 
-def main(argv: list[str] | None = None, *, load=importlib.import_module) -> int:
-    parser = build_parser(load)
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import gzip
+import math
 import os
 import random
 import struct
@@ -38,15 +39,20 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from . import data_sources
+from .data_sources import FASHION_MNIST_DIR
+
 END_OF_TEXT = "<|endoftext|>"
 NUM_BYTES = 256
 BYTE_LEVEL_VOCAB_SIZE = NUM_BYTES + 1  # the bytes, then <|endoftext|> (also used as BOS and padding)
 
-FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_LABELS = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 ]  # fmt: skip
-GCIDE_PATH = "/usr/share/dictd/gcide.dict.dz"
+# Validation is drawn from at least this many held-out documents (files, or sections of a one-file corpus), so that
+# no single document (a ROT13 file, one dictionary letter) stands for the corpus.
+MIN_VALIDATION_DOCUMENTS = 8
+MAX_SECTION_BYTES = 64 * 1024  # a one-file corpus is cut into sections of whole lines, at most about this long
 
 # Folders of the standard library that are not its own library text: the test suite (20 MB of fixtures, much of it
 # generated), IDLE, lib2to3 and third-party packages.
@@ -202,22 +208,28 @@ def resolve_text_files(data: str | os.PathLike | Sequence[str], pattern: str = "
     )
 
 
-def read_gcide_bytes(path: str = GCIDE_PATH, max_bytes: int | None = None) -> bytes:
+def read_gcide_bytes(path: str | None = None, max_bytes: int | None = None) -> bytes:
     """The GCIDE dictionary's bytes (a dictd `.dict.dz` file is gzip-compatible), the first `max_bytes` of them."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"GCIDE dictionary not found at {path!r}; install dict-gcide or pass another file.")
+    path = path or data_sources.GCIDE_PATH
+    message = data_sources.missing_gcide_message(path)
+    if message:
+        raise FileNotFoundError(message)
     with gzip.open(path, "rb") as handle:
         return handle.read(max_bytes if max_bytes is not None else -1)
 
 
-def read_gcide(path: str = GCIDE_PATH, max_bytes: int | None = None) -> str:
+def read_gcide(path: str | None = None, max_bytes: int | None = None) -> str:
     """The GCIDE dictionary text, as one string."""
     return read_gcide_bytes(path, max_bytes).decode("utf-8", errors="ignore")
 
 
-def _split_train_validation(
-    dataset: datasets.Dataset, validation_fraction: float, seed: int, shuffle: bool
-) -> datasets.DatasetDict:
+def validation_document_count(documents: int, validation_fraction: float) -> int:
+    """How many of `documents` are held out: `validation_fraction` of them, at least MIN_VALIDATION_DOCUMENTS, at
+    most half (training keeps the majority), at least one."""
+    return max(1, min(documents // 2, max(MIN_VALIDATION_DOCUMENTS, round(documents * validation_fraction))))
+
+
+def _split_train_validation(dataset: datasets.Dataset, validation_fraction: float, seed: int) -> datasets.DatasetDict:
     if not 0 < validation_fraction < 1:
         raise ValueError(f"`validation_fraction` must be between 0 and 1 (exclusive), got {validation_fraction}.")
     if len(dataset) < 2:
@@ -225,15 +237,24 @@ def _split_train_validation(
             "The corpus has a single document, too few to hold out a validation split; give more than one file, "
             "or one file with several lines."
         )
-    num_validation = min(len(dataset) - 1, max(1, round(len(dataset) * validation_fraction)))
-    if shuffle:
-        split = dataset.train_test_split(test_size=num_validation, seed=seed, shuffle=True)
-        return datasets.DatasetDict(train=split["train"], validation=split["test"])
-    # Lines of one text: hold out the contiguous tail, so no validation line sits between training lines.
-    num_train = len(dataset) - num_validation
-    return datasets.DatasetDict(
-        train=dataset.select(range(num_train)), validation=dataset.select(range(num_train, len(dataset)))
+    split = dataset.train_test_split(
+        test_size=validation_document_count(len(dataset), validation_fraction), seed=seed, shuffle=True
     )
+    return datasets.DatasetDict(train=split["train"], validation=split["test"])
+
+
+def text_sections(lines: Sequence[str], validation_fraction: float) -> list[str]:
+    """A one-file corpus as consecutive sections of whole lines, the documents its validation is drawn from: enough
+    of them that `validation_fraction` of them is at least MIN_VALIDATION_DOCUMENTS, each at most about
+    MAX_SECTION_BYTES (fewer, longer sections would put long stretches of one kind of text in validation)."""
+    sizes = np.cumsum([len(line.encode("utf-8")) for line in lines])
+    total = int(sizes[-1]) if len(sizes) else 0
+    count = max(math.ceil(MIN_VALIDATION_DOCUMENTS / validation_fraction), math.ceil(total / MAX_SECTION_BYTES))
+    count = max(1, min(count, len(lines)))
+    # Section k ends at the first line whose running size reaches k / count of the text.
+    ends = np.unique(np.searchsorted(sizes, [total * k / count for k in range(1, count)], side="left") + 1)
+    bounds = [0, *(int(end) for end in ends if 0 < end < len(lines)), len(lines)]
+    return ["".join(lines[start:end]) for start, end in zip(bounds, bounds[1:]) if end > start]
 
 
 @contextlib.contextmanager
@@ -263,8 +284,11 @@ def load_text_corpus(
         data: `"stdlib"` (the Python standard library's sources, one document per file), `"gcide"` (the GCIDE
             dictionary), a text file (one row per line, line breaks kept, so the rows concatenate back to the
             file), a folder (its files matching `pattern`, one document per file), a glob, or a list of files.
-        validation_fraction: share of documents (shuffled with `seed`) or of lines (the file's tail) held out.
-        max_bytes: keep only about this many bytes of text (whole documents/lines), for quick runs.
+        validation_fraction: share of the documents held out (chosen with `seed`), at least
+            MIN_VALIDATION_DOCUMENTS of them where there are twice that many. A one-file corpus (a text file,
+            `"gcide"`) counts as consecutive sections of whole lines (`text_sections`), each a row.
+        max_bytes: keep only about this many bytes of text (whole documents/lines), for quick runs; a folder still
+            gives at least 2 * MIN_VALIDATION_DOCUMENTS files, so validation spans several.
     """
     if str(data) == "gcide":
         lines = read_gcide(max_bytes=max_bytes).splitlines(keepends=True)
@@ -274,11 +298,12 @@ def load_text_corpus(
         files = stdlib_corpus_files() if str(data) == "stdlib" else resolve_text_files(data, pattern)
         documents = len(files) > 1
         if documents and max_bytes is not None:
-            # Pick whole files at random (seeded) until the budget is met, so a small slice still spans the corpus.
+            # Pick whole files at random (seeded) until the budget is met, so a small slice still spans the corpus, and
+            # enough of them to hold out several for validation.
             shuffled = random.Random(seed).sample(files, len(files))
             files, total = [], 0
             for file in shuffled:
-                if total >= max_bytes:
+                if total >= max_bytes and len(files) >= 2 * MIN_VALIDATION_DOCUMENTS:
                     break
                 files.append(file)
                 total += os.path.getsize(file)
@@ -302,7 +327,11 @@ def load_text_corpus(
         raise ValueError(
             f"The corpus {str(data)!r} is empty (no text found); point `--data` at a file with text in it."
         )
-    return _split_train_validation(dataset, validation_fraction, seed, shuffle=documents)
+    if not documents:
+        if not 0 < validation_fraction < 1:
+            raise ValueError(f"`validation_fraction` must be between 0 and 1 (exclusive), got {validation_fraction}.")
+        dataset = datasets.Dataset.from_dict({"text": text_sections(dataset["text"], validation_fraction)})
+    return _split_train_validation(dataset, validation_fraction, seed)
 
 
 def check_column(dataset, column: str, option: str = "--text-column") -> None:
@@ -325,11 +354,13 @@ def group_into_blocks(
     separate_documents: bool = True,
     max_blocks: int | None = None,
     num_proc: int | None = None,
+    document_ids: bool = False,
 ) -> datasets.Dataset | datasets.DatasetDict:
     """Tokenise `column`, concatenate everything and cut it into `block_size` blocks of `input_ids` and `labels`.
 
     With `separate_documents`, `eos_token` follows each row (right for one document per row, not for lines). The
-    tail shorter than a block is dropped, as in the transformers examples.
+    tail shorter than a block is dropped, as in the transformers examples. With `document_ids`, a `document` column
+    holds the row each block starts in (for `sample_blocks`).
     """
     if block_size < 2:
         raise ValueError(f"`block_size` must be at least 2 (a token and its successor), got {block_size}.")
@@ -339,27 +370,33 @@ def group_into_blocks(
             {
                 name: group_into_blocks(
                     split, tokenizer, block_size, column=column, separate_documents=separate_documents,
-                    max_blocks=max_blocks, num_proc=num_proc,
+                    max_blocks=max_blocks, num_proc=num_proc, document_ids=document_ids,
                 )
                 for name, split in dataset.items()
             }
         )  # fmt: skip
     suffix = tokenizer.eos_token if separate_documents and tokenizer.eos_token else ""
 
-    def tokenize(batch):
+    def tokenize(batch, rows):
         encoded = tokenizer([text + suffix for text in batch[column]], add_special_tokens=False)
-        return {"input_ids": encoded["input_ids"]}
+        return {"input_ids": encoded["input_ids"], **({"document": rows} if document_ids else {})}
 
     def group(batch):
         concatenated = [token for ids in batch["input_ids"] for token in ids]
         usable = len(concatenated) // block_size * block_size
-        blocks = [concatenated[start : start + block_size] for start in range(0, usable, block_size)]
-        return {"input_ids": blocks, "labels": [list(block) for block in blocks]}
+        starts = range(0, usable, block_size)
+        blocks = [concatenated[start : start + block_size] for start in starts]
+        grouped = {"input_ids": blocks, "labels": [list(block) for block in blocks]}
+        if document_ids:
+            owners = [row for row, ids in zip(batch["document"], batch["input_ids"]) for _ in ids]
+            grouped["document"] = [owners[start] for start in starts]
+        return grouped
 
     # `datasets` caches both maps of a file-backed corpus: a second run on the same data and tokenizer reads them back.
     tokenized = dataset.map(
-        tokenize, batched=True, remove_columns=dataset.column_names, num_proc=num_proc, desc="tokenizing"
-    )
+        tokenize, batched=True, with_indices=True, remove_columns=dataset.column_names, num_proc=num_proc,
+        desc="tokenizing",
+    )  # fmt: skip
     # Large batches: the tail of each batch (< one block) is dropped, so bigger batches waste less.
     grouped = tokenized.map(
         group, batched=True, batch_size=2000, num_proc=num_proc, desc=f"grouping into blocks of {block_size} tokens"
@@ -373,6 +410,19 @@ def group_into_blocks(
     if max_blocks is not None and len(grouped) > max_blocks:
         grouped = grouped.select(range(max_blocks))
     return grouped
+
+
+def sample_blocks(blocks: datasets.Dataset, count: int | None, *, seed: int = 0) -> tuple[datasets.Dataset, int]:
+    """(`count` blocks drawn at random with `seed`, in corpus order; how many documents they start in).
+
+    Taking the first blocks would take the first documents only; a seeded draw spreads a small validation set over
+    every held-out document and stays the same for a seed. `blocks` needs the `document` column of
+    `group_into_blocks(..., document_ids=True)`, which the result drops.
+    """
+    count = len(blocks) if count is None else min(count, len(blocks))
+    chosen = sorted(random.Random(seed).sample(range(len(blocks)), count))
+    sample = blocks.select(chosen)
+    return sample.remove_columns("document"), len(set(sample["document"]))
 
 
 # ------------------------------------------------------------------------------------------------------- images
@@ -441,13 +491,12 @@ def load_fashion_mnist(
 def load_image_folder(path: str, *, validation_fraction: float = 0.1, seed: int = 0) -> datasets.DatasetDict:
     """An image-classification folder (`path/<label>/<image>`, or with `train/` and `validation/`/`test/` inside)
     through `datasets`' `imagefolder` loader, with `train` and `validation` splits and a `label` column."""
-    if not os.path.isdir(path):
-        raise FileNotFoundError(
-            f"Image folder {path!r} does not exist; pass a folder laid out as <folder>/<label>/<image files>."
-        )
+    message = data_sources.image_folder_error(path)
+    if message:
+        raise (FileNotFoundError if not os.path.isdir(path) else ValueError)(f"Image folder {message}.")
     with _no_download_bars():
         loaded = datasets.load_dataset("imagefolder", data_dir=path)
-    check_column(loaded, "label", option="an image folder laid out as <folder>/<label>/<image> (no labels found)")
+    check_column(loaded, "label", option=f"an image folder laid out as {data_sources.IMAGE_FOLDER_LAYOUT}")
     if "validation" not in loaded and "test" in loaded:
         loaded["validation"] = loaded.pop("test")
     if "validation" not in loaded:

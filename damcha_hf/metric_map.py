@@ -45,6 +45,7 @@ class MetricMap:
     tokens_seen: list[int]  # how many `C` matrices were averaged for each layer
     panels: int = 0  # heatmap panels drawn (one per layer); 0 until written
     path: Path | None = None
+    inputs: str = "the inputs given"  # what the matrices were averaged over, in words (the card says it)
 
     @property
     def num_layers(self) -> int:
@@ -174,7 +175,9 @@ def as_model_inputs(model, inputs, tokenizer=None) -> list[dict]:
 
 
 @torch.no_grad()
-def compute_metric_map(model: torch.nn.Module, inputs=None, *, tokenizer=None) -> MetricMap:
+def compute_metric_map(
+    model: torch.nn.Module, inputs=None, *, tokenizer=None, description: str | None = None
+) -> MetricMap:
     """Run `inputs` through `model` and return each layer's cross-head matrix `C`, averaged over all tokens.
 
     Inputs run one batch at a time without padding, so every averaged `C` belongs to a real token (or, for
@@ -213,7 +216,20 @@ def compute_metric_map(model: torch.nn.Module, inputs=None, *, tokenizer=None) -
     if missing:
         raise RuntimeError(f"layers {missing} never called the cross-head metric; is this a DAMCHA model?")
     matrices = (sums / torch.tensor(counts, dtype=torch.float64).view(-1, 1, 1)).to(torch.float32)
-    return MetricMap(matrices, [offdiagonal_mass(matrix) for matrix in matrices], counts)
+    described = description or describe_inputs(model, inputs)
+    return MetricMap(matrices, [offdiagonal_mass(matrix) for matrix in matrices], counts, inputs=described)
+
+
+def describe_inputs(model, inputs) -> str:
+    """What `compute_metric_map` averaged over, in words: the built-in sample is named so that it can be redrawn."""
+    if inputs is not None:
+        return "inputs chosen by the program that saved the model"
+    if is_vision_model(model):
+        return "the built-in sample (4 random images of the configured size, seed 0), which `damcha-hf inspect` uses by default"
+    return (
+        "the built-in sample (4 passages of 8 code lines of Python's own `textwrap.py`), which `damcha-hf inspect` "
+        "uses by default"
+    )
 
 
 def colour_limit(matrices: torch.Tensor) -> float:
@@ -267,10 +283,17 @@ def plot_metric_map(metric_map: MetricMap, path: str | os.PathLike, *, title: st
 
 
 def write_metric_map(
-    model: torch.nn.Module, path: str | os.PathLike, inputs=None, *, tokenizer=None, title: str | None = None
+    model: torch.nn.Module,
+    path: str | os.PathLike,
+    inputs=None,
+    *,
+    tokenizer=None,
+    title: str | None = None,
+    description: str | None = None,
 ) -> MetricMap:
-    """`compute_metric_map` then `plot_metric_map`: returns the matrices, masses, panel count and path."""
-    metric_map = compute_metric_map(model, inputs, tokenizer=tokenizer)
+    """`compute_metric_map` then `plot_metric_map`: returns the matrices, masses, panel count and path.
+    `description` says in words what `inputs` are (a model card shows it)."""
+    metric_map = compute_metric_map(model, inputs, tokenizer=tokenizer, description=description)
     plot_metric_map(metric_map, path, title=title)
     return metric_map
 

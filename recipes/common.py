@@ -2,7 +2,7 @@
 
 Copy this file along with the recipe you copy. Data loading lives in `damcha_hf.data`, metrics in `damcha_hf.metrics`.
 
-Parsing imports only the standard library (the recipes import torch, transformers and damcha_hf after it), so
+Parsing imports only the standard library and the torch-free parts of damcha_hf (torch and transformers come after it), so
 `--help` is instant and a bad argument or output folder fails at once, before any data is loaded. Errors end a recipe
 with one line on stderr and exit code 2; `--debug` or `DAMCHA_HF_DEBUG=1` shows the traceback (`run_recipe`).
 """
@@ -18,17 +18,12 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-try:
-    from damcha_hf_cli import light_import
-except ModuleNotFoundError:  # an install older than damcha_hf_cli (editable installs: re-run `pip install -e .`)
-    from importlib import import_module as light_import
+from damcha_hf import argument_checks as checks
+from damcha_hf import data_sources, safe_files
+from damcha_hf.modeling import damcha_config as options
 
 if TYPE_CHECKING:
     import torch
-
-checks = light_import("damcha_hf.argument_checks")
-safe_files = light_import("damcha_hf.safe_files")
-options = light_import("damcha_hf.modeling.damcha_config")
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 # What a recipe writes directly in --output-dir: Trainer / Accelerate checkpoints, the final model, the results.
@@ -54,11 +49,24 @@ def add_metric_arguments(parser: argparse.ArgumentParser) -> None:
         help="attention variant: damcha, talking_heads, dcmha, or none (plain multi-head attention)",
     )
     group.add_argument(
-        "--attn", choices=ATTENTION_IMPLEMENTATIONS, default="sdpa", help="attention implementation (default: sdpa)"
+        "--attn",
+        choices=ATTENTION_IMPLEMENTATIONS,
+        help="attention implementation (default: sdpa; eager for talking_heads and dcmha, which mix the score maps "
+        "that only eager attention materialises)",
     )
 
 
 METRIC_FIELDS = ("metric_context", "metric_mask", "metric_sharing", "metric_hidden_size", "cross_head_variant")
+
+
+def resolve_attention(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--attn: sdpa by default, eager for a score-mixing --cross-head-variant, which refuses any other backend."""
+    mixing = getattr(args, "cross_head_variant", None) in options.SCORE_MIXING_VARIANT_NAMES
+    if args.attn is None:
+        args.attn = "eager" if mixing else "sdpa"
+    elif mixing and args.attn != "eager":
+        parser.error(f"--cross-head-variant {args.cross_head_variant} mixes the attention score maps, which only "
+                     f"eager attention materialises; use --attn eager (its default) instead of --attn {args.attn}")  # fmt: skip
 
 
 def metric_options(args: argparse.Namespace) -> dict:
@@ -209,6 +217,8 @@ def parse_checked(parser: argparse.ArgumentParser, argv=None, *, run_name=None) 
     and `args.explicit` records the flags given on the command line (for `check_resume_settings`)."""
     args = parser.parse_args(argv)
     args.explicit = explicit_destinations(parser, argv)
+    if hasattr(args, "attn"):
+        resolve_attention(parser, args)
     if args.max_steps < QUICK_RUN_STEPS and "max_eval_samples" not in args.explicit:
         args.max_eval_samples = min(args.max_eval_samples, QUICK_RUN_EVAL_SAMPLES)  # a smoke test: a small check
     if args.output_dir is None:
@@ -354,7 +364,7 @@ def saved_model_config(checkpoint: str) -> dict:
 
 def run_recipe(main) -> None:
     """`sys.exit(main())` for a recipe's `__main__`: its errors become one line on stderr and exit code 2."""
-    cli = light_import("damcha_hf.cli")
+    from damcha_hf import cli
 
     def run() -> int:
         main()  # returns the results, not an exit code
@@ -649,6 +659,14 @@ def check_new_language_model_sizes(parser: argparse.ArgumentParser, args: argpar
                                         heads_flag="--n-kv-head")  # fmt: skip
 
 
+def tokenizer_source(text: str) -> str:
+    """--tokenizer: 'byte', 'bpe' or a folder holding a saved tokenizer, checked while parsing."""
+    if text in ("byte", "bpe") or os.path.isfile(os.path.join(text, "tokenizer_config.json")):
+        return text
+    found = "is not a folder" if not os.path.isdir(text) else "has no tokenizer_config.json"
+    raise argparse.ArgumentTypeError(f"{text!r} {found}; use 'byte', 'bpe' or a folder a tokenizer was saved to")
+
+
 def add_text_data_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data")
     group.add_argument(
@@ -661,26 +679,27 @@ def add_text_data_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--file-pattern", default="**/*.txt", help="files to read in a --data folder")
     group.add_argument("--max-data-bytes", type=checks.positive_int, help="read only about this many bytes of text")
     group.add_argument("--validation-fraction", type=checks.probability, default=0.05)
-    group.add_argument("--tokenizer", default="byte",
+    group.add_argument("--tokenizer", default="byte", type=tokenizer_source,
                        help="'byte' (default; bits per byte = bits per token), 'bpe' (trained here), "
                        "or a saved tokenizer folder")  # fmt: skip
     group.add_argument("--bpe-vocab-size", type=checks.positive_int, default=4096)
 
 
 def build_tokenizer(args: argparse.Namespace, corpus):
+    """The tokenizer of --tokenizer, its `model_max_length` the context (--block-size), which every checkpoint saves."""
     from transformers import AutoTokenizer
 
     from damcha_hf.data import byte_level_tokenizer, train_bpe_tokenizer
 
     if args.tokenizer == "byte":
-        return byte_level_tokenizer()
+        return byte_level_tokenizer(model_max_length=args.block_size)
     if args.tokenizer == "bpe":
         size = sum(len(text) for text in corpus["train"]["text"])
         print(f"training a byte-level BPE tokenizer ({args.bpe_vocab_size} tokens) on {size / 1e6:.1f} M characters "
               "of training text with `tokenizers`...", flush=True)  # fmt: skip
-        return train_bpe_tokenizer(corpus["train"]["text"], args.bpe_vocab_size)
+        return train_bpe_tokenizer(corpus["train"]["text"], args.bpe_vocab_size, model_max_length=args.block_size)
     if os.path.isdir(args.tokenizer):
-        return AutoTokenizer.from_pretrained(args.tokenizer)
+        return AutoTokenizer.from_pretrained(args.tokenizer, model_max_length=args.block_size)
     raise ValueError(f"--tokenizer {args.tokenizer!r}: use 'byte', 'bpe' or an existing tokenizer folder.")
 
 
@@ -718,19 +737,26 @@ def load_language_model_corpus(args: argparse.Namespace):
 
 
 def language_model_data(args: argparse.Namespace, tokenizer, corpus=None):
-    """(train blocks, validation blocks) from the data options."""
-    from damcha_hf.data import group_into_blocks
+    """(train blocks, validation blocks) from the data options. The validation blocks are drawn at random (with
+    --seed) from every held-out document; `args.validation_documents` and `args.validation_note` say how many
+    documents they cover, for the results and the card."""
+    from damcha_hf.data import group_into_blocks, sample_blocks
 
     if corpus is None:
         corpus = load_language_model_corpus(args)
-    # One document per row for folders and 'stdlib'; lines of one text otherwise.
+    # One document per row for folders and 'stdlib'; sections of one text otherwise.
     separate_documents = args.data == "stdlib" or os.path.isdir(str(args.data))
-    blocks = group_into_blocks(corpus, tokenizer, args.block_size, separate_documents=separate_documents)
-    train, validation = blocks["train"], blocks["validation"]
+    blocks = group_into_blocks(
+        corpus, tokenizer, args.block_size, separate_documents=separate_documents, document_ids=True
+    )
+    train = blocks["train"].remove_columns("document")
     if args.max_train_samples is not None:
         train = train.select(range(min(args.max_train_samples, len(train))))
-    if args.max_eval_samples is not None:
-        validation = validation.select(range(min(args.max_eval_samples, len(validation))))
+    validation, args.validation_documents = sample_blocks(blocks["validation"], args.max_eval_samples, seed=args.seed)
+    held_out = "documents" if separate_documents else "sections of the text"
+    args.validation_note = (f"{len(validation)} blocks of {args.block_size} tokens drawn at random (seed {args.seed}) "
+                            f"from {args.validation_documents} held-out {held_out}")  # fmt: skip
+    print(f"validation: {args.validation_note}", flush=True)
     return train, validation
 
 
@@ -774,6 +800,30 @@ def add_image_data_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--image-size", type=checks.positive_int, default=None, help="resize to this (default: 28 for Fashion-MNIST, "
                        "else 64)")  # fmt: skip
     group.add_argument("--no-augment", action="store_true", help="no random crop / flip of training images")
+
+
+def check_causal_metric_context(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A language model is causal: `--metric-context sequence` would let each token see the future."""
+    if getattr(args, "metric_context", None) == "sequence":
+        parser.error("--metric-context sequence averages over the whole sequence, which would let a causal language "
+                     "model see future tokens; use --metric-context token (or query)")  # fmt: skip
+
+
+def saved_model_type(checkpoint: str) -> str | None:
+    """The `model_type` in a checkpoint folder's config.json (read as JSON: no transformers import), or None."""
+    try:
+        with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as handle:
+            return json.load(handle).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_image_data(parser: argparse.ArgumentParser, data: str) -> None:
+    """`--data` of an image recipe is 'fashion-mnist' or an image folder laid out as `load_image_folder` reads it."""
+    if data != "fashion-mnist":
+        message = data_sources.image_folder_error(data)
+        if message:
+            parser.error(f"--data {message}, or 'fashion-mnist'")
 
 
 def image_datasets(args: argparse.Namespace):

@@ -76,6 +76,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not os.path.isfile(os.path.join(args.base, "config.json")):
         parser.error(f"--base {args.base}: not a checkpoint folder (no config.json)")
     common.checks.check_output(parser, common.safe_files.check_checkpoint_files, args.base)
+    if str(common.saved_model_type(args.base)).endswith("vit"):
+        if args.data is not None:
+            common.check_image_data(parser, args.data)
+    else:
+        common.check_causal_metric_context(parser, args)
+        if args.data is not None:
+            try:
+                common.checks.text_data_source(args.data)
+            except argparse.ArgumentTypeError as error:
+                parser.error(f"--data {error}")
     if args.push_to_hub and not args.base_model_id:
         parser.error("--push-to-hub uploads the adapter and its base (<output-dir>/base); name the base's Hub id with "
                      "--base-model-id (e.g. your-name/damcha-base), the adapter's with --hub-model-id")  # fmt: skip
@@ -163,6 +173,7 @@ def main(argv=None) -> dict:
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         args.block_size = min(args.block_size, config.max_position_embeddings)
+        tokenizer.model_max_length = config.max_position_embeddings  # what the adapter's checkpoints save
         train, validation = common.language_model_data(args, tokenizer, corpus)
         model = build_model(args, config, family)
         check_tokenizer_matches_model(tokenizer, model.config)
@@ -243,6 +254,8 @@ def main(argv=None) -> dict:
         merged = peft_model.merge_and_unload()
         common.save_final_model(merged, os.path.join(args.output_dir, "merged"), tokenizer_or_processor=processing,
                                 log_history=trainer.state.log_history, datasets=datasets)  # fmt: skip
+    if getattr(args, "validation_documents", None) is not None:  # a language model's validation (images: none)
+        metrics["eval_documents"] = args.validation_documents
     common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
     print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
     return metrics

@@ -33,6 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_training_arguments(parser, output_dir="runs/{settings}", batch_size=16, learning_rate=2e-3,
                                   max_steps=1000)  # fmt: skip
     args = common.parse_checked(parser, argv, run_name=common.language_model_run_name)
+    common.check_causal_metric_context(parser, args)
     if not args.init_from:
         common.check_new_language_model_sizes(parser, args)
     if args.init_from and not os.path.isdir(args.init_from):
@@ -71,7 +72,6 @@ def main(argv=None) -> dict:
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
     common.check_push(args)
 
-    import torch
     from transformers import DataCollatorForLanguageModeling, Trainer, set_seed
 
     from damcha_hf.metrics import causal_lm_compute_metrics, causal_lm_token_nll
@@ -101,7 +101,8 @@ def main(argv=None) -> dict:
         common.resume_weights_only(trainer)
     train_result = trainer.train(resume_from_checkpoint=resume)
     metrics = trainer.evaluate()
-    metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss)
+    metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss,
+                   eval_documents=args.validation_documents)  # fmt: skip
     print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
 
     final = os.path.join(args.output_dir, "final")
@@ -111,7 +112,7 @@ def main(argv=None) -> dict:
         tokenizer_or_processor=tokenizer,
         log_history=trainer.state.log_history,
         datasets=datasets,
-        heatmap_inputs=torch.tensor(validation[: min(4, len(validation))]["input_ids"]),
+        notes=[f"Validation figures: {args.validation_note}, none of them seen in training."],
     )
     common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
     print(f"saved to {final}")

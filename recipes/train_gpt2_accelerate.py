@@ -53,6 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_training_arguments(parser, output_dir="runs/accelerate-{settings}", batch_size=16, learning_rate=2e-3,
                                   max_steps=1000, output_dir_example="runs/accelerate-damcha_gpt2-stdlib-byte")  # fmt: skip
     args = common.parse_checked(parser, argv, run_name=common.language_model_run_name)
+    common.check_causal_metric_context(parser, args)
     common.check_new_language_model_sizes(parser, args)
     return args
 
@@ -260,6 +261,7 @@ def main(argv=None) -> dict:
         final = os.path.join(args.output_dir, "final")
         common.save_final_model(final_model, final, tokenizer_or_processor=tokenizer, log_history=log_history,
                                 datasets=datasets)  # fmt: skip
+        results["eval_documents"] = args.validation_documents
         common.write_json(os.path.join(args.output_dir, "eval_results.json"), results)
         print(results)
         common.push_final_model(args, final)

@@ -51,8 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
     if args.init_from:  # a damaged file is named now, before any data is read
         common.checks.check_output(parser, common.safe_files.check_checkpoint_files, args.init_from)
-    if args.data != "fashion-mnist" and not os.path.isdir(args.data):
-        parser.error(f"--data {args.data}: not 'fashion-mnist' nor an image folder (<folder>/<label>/<images>)")
+    common.check_image_data(parser, args.data)
     if args.data == "fashion-mnist" and not os.path.isdir(args.fashion_mnist_dir):
         parser.error(f"--fashion-mnist-dir {args.fashion_mnist_dir} does not exist: on Debian/Ubuntu `apt-get install "
                      "dataset-fashion-mnist` puts the idx files in /usr/share/datasets/fashion-mnist; or pass the "
@@ -137,6 +136,7 @@ def main(argv=None) -> dict:
     final = os.path.join(args.output_dir, "final")
     sample = common.image_collate([splits["validation"][i] for i in range(min(4, len(splits["validation"])))])
     card = {"datasets": datasets, "heatmap_inputs": {"pixel_values": sample["pixel_values"]},
+            "heatmap_description": f"the first {len(sample['pixel_values'])} validation images of the training run",
             "eval_results": {"accuracy": metrics["eval_accuracy"]}}  # fmt: skip
     common.save_final_model(trainer.model, final, tokenizer_or_processor=processor,
                             log_history=trainer.state.log_history, **card)  # fmt: skip

@@ -73,6 +73,24 @@ def run_snippets(snippets: list[str], work_dir: Path, *, plugin: bool, cwd: Path
     return completed.stdout
 
 
+def run_quietly(code: str, work_dir: Path) -> str:
+    """`code` where damcha_hf cannot be imported (as `run_snippets` without the plugin), stdin closed; its stdout,
+    after checking that it printed nothing on stderr: no prompt, no warning."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    runner = work_dir / "run_snippets.py"
+    runner.write_text(SNIPPET_RUNNER.format(repo_root=str(REPO_ROOT)))
+    (work_dir / "code.py").write_text(code)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "HF_", "TRANSFORMERS_"))}
+    env.update(HF_HOME=str(work_dir / "hf_home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    completed = subprocess.run(
+        [sys.executable, "-I", str(runner), "without-plugin", str(work_dir / "code.py")],
+        cwd=work_dir, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert completed.stderr == "", completed.stderr[-4000:]
+    return completed.stdout
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> list[Path]:
     """A DAMCHA GPT-2 with its tokenizer and a DAMCHA ViT with its image processor, saved with their cards."""
@@ -104,6 +122,27 @@ def test_every_card_snippet_runs_non_interactively_as_written(checkpoints, tmp_p
 
     printed = run_snippets(with_plugin, tmp_path / "with", plugin=True)
     assert printed.count(" OK ") == len(with_plugin) and "DamchaGPT2LMHeadModel" in printed
+
+
+def test_tokenizer_and_image_processor_load_quietly_without_the_plugin(checkpoints, tmp_path):
+    """Where damcha_hf cannot be imported, with stdin closed: the card's tokenizer and image-processor lines load
+    without trust_remote_code, a prompt or a warning, and the tokenizer knows the model's context."""
+    gpt2, vit = checkpoints
+    code = f"""
+import json
+from transformers import AutoImageProcessor, PreTrainedTokenizerFast
+tokenizer = PreTrainedTokenizerFast.from_pretrained({str(gpt2)!r})
+processor = AutoImageProcessor.from_pretrained({str(vit)!r})
+context = json.load(open({str(gpt2 / "config.json")!r}))["n_positions"]
+print("LOADED", tokenizer("def")["input_ids"], tokenizer.model_max_length == context, type(processor).__name__)
+"""
+    printed = run_quietly(code, tmp_path)
+    assert "LOADED [100, 101, 102] True ViTImageProcessor" in printed
+    for snippet in card_snippets(gpt2) + card_snippets(vit):
+        if "import damcha_hf" not in snippet:
+            assert "preprocessor = PreTrainedTokenizerFast" in snippet or "preprocessor = AutoImageProcessor" in snippet
+            assert 'preprocessor = AutoImageProcessor.from_pretrained("' in snippet or "Tokenizer" in snippet
+            assert "trust_remote_code" not in snippet.split("preprocessor =", 1)[1]
 
 
 def load_lora_recipe():

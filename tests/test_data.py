@@ -45,13 +45,24 @@ def test_bpe_tokenizer_round_trips_and_counts_bytes(tmp_path):
         data.train_bpe_tokenizer(texts, vocab_size=100)
 
 
-def test_text_file_splits_into_contiguous_lines(tmp_path):
-    lines = [f"line {i}: {'x' * (i % 7)}\n" for i in range(100)]
+def test_text_file_is_held_out_as_sections_spread_over_it(tmp_path):
+    """One file counts as consecutive sections of whole lines; validation is several of them, chosen with the seed."""
+    lines = [f"line {i}: {'x' * (i % 7)}\n" for i in range(400)]
     path = tmp_path / "corpus.txt"
     path.write_text("".join(lines))
-    corpus = data.load_text_corpus(str(path), validation_fraction=0.1)
-    assert len(corpus["validation"]) == 10
-    assert "".join(corpus["train"]["text"]) + "".join(corpus["validation"]["text"]) == path.read_text()
+    corpus = data.load_text_corpus(str(path), validation_fraction=0.1, seed=3)
+    sections = list(corpus["train"]["text"]) + list(corpus["validation"]["text"])
+    assert all(section.endswith("\n") for section in sections)  # whole lines
+    # Put back in file order (each section starts with its first line's number), they are the file.
+    first_line = {section: int(section.split(":")[0].split()[1]) for section in sections}
+    assert "".join(sorted(sections, key=first_line.get)) == path.read_text()
+    assert len(sections) == 80  # 8 held-out sections at a tenth
+    held_out = sorted(first_line[section] for section in corpus["validation"]["text"])
+    assert len(held_out) == data.MIN_VALIDATION_DOCUMENTS and held_out[-1] - held_out[0] > 200  # spread, not a tail
+    again = data.load_text_corpus(str(path), validation_fraction=0.1, seed=3)
+    assert list(again["validation"]["text"]) == list(corpus["validation"]["text"])
+    other = data.load_text_corpus(str(path), validation_fraction=0.1, seed=4)
+    assert set(other["validation"]["text"]) != set(corpus["validation"]["text"])
 
 
 def test_folder_is_one_document_per_file(tmp_path):
@@ -60,8 +71,33 @@ def test_folder_is_one_document_per_file(tmp_path):
     (tmp_path / "ignored.md").write_text("not a .txt file")
     corpus = data.load_text_corpus(str(tmp_path), validation_fraction=0.2, seed=1)
     texts = sorted(list(corpus["train"]["text"]) + list(corpus["validation"]["text"]))
-    assert texts == sorted(f"document {i}\nsecond line\n" for i in range(5))
-    assert len(corpus["validation"]) == 1
+    assert texts == [f"document {i}\nsecond line\n" for i in range(5)]
+    assert len(corpus["validation"]) == 2  # at most half of too few documents for MIN_VALIDATION_DOCUMENTS
+
+
+def test_a_quick_slice_of_a_folder_still_holds_out_several_documents(tmp_path):
+    for i in range(60):
+        (tmp_path / f"doc{i:02d}.txt").write_text(f"document {i}\n" * 100)
+    corpus = data.load_text_corpus(str(tmp_path), seed=0, max_bytes=2_000)  # one file would do for the bytes
+    assert len(corpus["validation"]) >= data.MIN_VALIDATION_DOCUMENTS
+    assert len(corpus["train"]) >= data.MIN_VALIDATION_DOCUMENTS
+
+
+def test_validation_blocks_are_drawn_over_documents(tmp_path):
+    tokenizer = data.byte_level_tokenizer()
+    documents = [f"{i}" * (40 + 7 * i) for i in range(10)]  # document i is made of the digit i
+    blocks = data.group_into_blocks(datasets.Dataset.from_dict({"text": documents}), tokenizer, 16, document_ids=True)
+    # Oracle: the document each block starts in, from the token stream (the digit, or the end-of-text after it).
+    stream = [token for text in documents for token in [*text.encode(), 256]]
+    owner_of_position = [i for i, text in enumerate(documents) for _ in range(len(text) + 1)]
+    assert list(blocks["document"]) == [owner_of_position[start] for start in range(0, len(stream) // 16 * 16, 16)]
+    sample, covered = data.sample_blocks(blocks, 12, seed=5)
+    assert "document" not in sample.column_names and len(sample) == 12
+    chosen = [list(blocks["input_ids"]).index(block) for block in sample["input_ids"]]
+    assert chosen == sorted(chosen)  # corpus order
+    assert covered == len({blocks["document"][index] for index in chosen}) and covered > 3  # not the first blocks only
+    assert data.sample_blocks(blocks, 12, seed=5)[0]["input_ids"] == sample["input_ids"]  # same seed, same blocks
+    assert data.sample_blocks(blocks, 12, seed=6)[0]["input_ids"] != sample["input_ids"]
 
 
 def test_group_into_blocks_matches_the_token_stream():
@@ -94,8 +130,10 @@ def test_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="vocab_size"):
         data.check_tokenizer_matches_model(tokenizer, tiny_damcha_gpt2_config(vocab_size=97))
     data.check_tokenizer_matches_model(tokenizer, tiny_damcha_gpt2_config(vocab_size=257))
-    with pytest.raises(FileNotFoundError, match="Image folder"):
+    with pytest.raises(FileNotFoundError, match="Image folder .*no-images is not a folder; expected <folder>/<label>"):
         data.load_image_folder(str(tmp_path / "no-images"))
+    with pytest.raises(FileNotFoundError, match="GCIDE dictionary is not at .*apt-get install dict-gcide"):
+        data.read_gcide(str(tmp_path / "gcide.dict.dz"))
     # A missing Fashion-MNIST says where Debian puts it and how to get it.
     with pytest.raises(FileNotFoundError, match="Fashion-MNIST folder .*`apt-get install dataset-fashion-mnist`"):
         data.load_fashion_mnist(str(tmp_path / "no-idx"))
@@ -143,3 +181,36 @@ def test_image_folder(tmp_path, capsys):
     assert loaded["train"].features["label"].names == ["cats", "dogs"]
     # Local files: no "Downloading data" bar (datasets shows one above 16 files).
     assert "Downloading data" not in capsys.readouterr().err
+
+
+def test_image_folder_errors_name_the_layout_and_what_was_found(tmp_path):
+    from damcha_hf.data_sources import image_folder_error
+
+    rng = np.random.default_rng(0)
+
+    def image(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(path)
+
+    loose = tmp_path / "loose"
+    for i in range(3):
+        image(loose / f"{i}.png")
+    message = image_folder_error(str(loose))
+    assert "3 image(s) but no label folders" in message
+    assert "expected <folder>/<label>/<image>" in message and "<folder>/train/<label>/<image>" in message
+    with pytest.raises(ValueError, match=r"3 image\(s\) but no label folders; expected <folder>/<label>/<image>"):
+        data.load_image_folder(str(loose))
+    empty_labels = tmp_path / "empty-labels"
+    (empty_labels / "cats").mkdir(parents=True)
+    assert "1 subfolder(s) (cats) with no images in them" in image_folder_error(str(empty_labels))
+    splits = tmp_path / "splits"
+    image(splits / "train" / "cats" / "0.png")
+    (splits / "validation").mkdir()
+    image(splits / "validation" / "1.png")  # loose in validation/: no label
+    assert image_folder_error(str(splits)).startswith(f"{splits}: validation/ has 1 image(s) but no label folders")
+    image(splits / "validation" / "cats" / "2.png")
+    assert image_folder_error(str(splits)) is None
+    assert image_folder_error(str(tmp_path / "nothing-here")).endswith(
+        "is not a folder; expected "
+        + "<folder>/<label>/<image> (one folder per class), or <folder>/train/<label>/<image> with <folder>/validation/<label>/<image> (or test/)"
+    )

@@ -1,5 +1,6 @@
 """The built wheel installs everything under the `damcha_hf` namespace, with the model files and metric modules."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+RECIPE_NAMES = ("train_gpt2", "train_gpt2_accelerate", "train_vit", "finetune_lora")
+HEAVY = ("torch", "transformers", "accelerate", "peft", "datasets")
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter (this one has torch loaded already), stdin closed."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, check=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +50,7 @@ def wheel_names(wheel) -> list[str]:
 
 def test_no_generic_top_level_name_lands_in_site_packages(wheel_names):
     top_level = {name.split("/")[0] for name in wheel_names}
-    # damcha_hf_cli.py: the console script's torch-free entry point (it cannot live inside the package, whose
-    # __init__ imports torch to register the models).
-    assert {name for name in top_level if not name.endswith(".dist-info")} == {"damcha_hf", "damcha_hf_cli.py"}
+    assert {name for name in top_level if not name.endswith(".dist-info")} == {"damcha_hf"}
 
 
 def test_model_files_install_as_damcha_hf_modeling(wheel_names):
@@ -51,10 +60,86 @@ def test_model_files_install_as_damcha_hf_modeling(wheel_names):
 
 def test_console_script_is_declared(wheel, wheel_names):
     (entry_points,) = [name for name in wheel_names if name.endswith("entry_points.txt")]
-    assert "damcha-hf = damcha_hf_cli:main" in wheel.read(entry_points).decode()
+    assert "damcha-hf = damcha_hf.cli:main" in wheel.read(entry_points).decode()
 
 
 def test_hub_package_installs_every_module(wheel_names):
     # damcha_hf.hub is a subpackage: setup.cfg lists packages explicitly, so a missing entry would drop it silently.
     hub_modules = sorted(path.name for path in (REPO / "damcha_hf" / "hub").glob("*.py"))
     assert hub_modules and all(f"damcha_hf/hub/{name}" in wheel_names for name in hub_modules)
+
+
+def test_import_is_lazy_and_the_auto_classes_still_resolve_damcha_types():
+    """`import damcha_hf` imports neither torch nor transformers; afterwards the Auto classes know every DAMCHA type
+    without trust_remote_code, and each module runs once (one class object per class)."""
+    completed = run_python(
+        f"""
+import json, sys
+import damcha_hf
+heavy_after_import = sorted(name for name in {HEAVY!r} if name in sys.modules)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification
+config = AutoConfig.for_model("damcha_gpt2", n_layer=1, n_embd=32, n_head=4, vocab_size=64, n_positions=16)
+model = AutoModelForCausalLM.from_config(config)
+vit = AutoModelForImageClassification.from_config(AutoConfig.for_model(
+    "damcha_vit", hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=32, image_size=8,
+    patch_size=4))
+from damcha_hf.safe_files import UnsafeOutputError
+import damcha_hf.cli, damcha_hf.commands.demo, damcha_hf.safe_files as safe_files
+print(json.dumps({{
+    "heavy_after_import": heavy_after_import,
+    "config": type(config).__name__, "model": type(model).__name__, "vit": type(vit).__name__,
+    "same_class": model.__class__ is damcha_hf.DamchaGPT2LMHeadModel,
+    "one_error_class": UnsafeOutputError is safe_files.UnsafeOutputError,
+}}))
+"""
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert report["heavy_after_import"] == []
+    assert (report["config"], report["model"], report["vit"]) == (
+        "DamchaGPT2Config",
+        "DamchaGPT2LMHeadModel",
+        "DamchaViTForImageClassification",
+    )
+    assert report["same_class"] and report["one_error_class"]
+
+
+def test_parsers_build_without_torch():
+    """Every parser (the command line, each subcommand, each recipe) is built and answers --help without importing
+    torch, transformers or the data libraries."""
+    code = f"""
+import contextlib, io, json, runpy, sys
+from damcha_hf.cli import build_parser
+parser = build_parser()
+helps = {{}}
+for argv in ([], ["demo"], ["info"], ["inspect"], ["push"]):
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+        parser.parse_args([*argv, "--help"])
+    helps[" ".join(argv)] = "usage:" in out.getvalue()
+sys.path.insert(0, {str(RECIPES)!r})
+for name in {RECIPE_NAMES!r}:
+    recipe = runpy.run_path({str(RECIPES)!r} + "/" + name + ".py", run_name="recipe")
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+        recipe["parse_args"](["--help"])
+    helps[name] = "usage:" in out.getvalue()
+print(json.dumps({{"helps": helps, "heavy": sorted(name for name in {HEAVY!r} if name in sys.modules)}}))
+"""
+    completed = run_python(code)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert all(report["helps"].values()) and len(report["helps"]) == 5 + len(RECIPE_NAMES), report
+    assert report["heavy"] == []
+
+
+@pytest.mark.parametrize("argv", [["demo", "--help"], ["--help"], ["demo", "--max-step", "5"]])
+def test_console_script_answers_at_once(argv):
+    """The installed `damcha-hf` script: help, and a mistake (an abbreviated flag is not taken for --max-steps)."""
+    script = Path(sys.executable).parent / "damcha-hf"
+    completed = subprocess.run([str(script), *argv], capture_output=True, text=True, timeout=120, check=False)
+    if argv[-1] == "--help":
+        assert completed.returncode == 0 and "usage: damcha-hf" in completed.stdout
+    else:
+        assert completed.returncode == 2
+        assert completed.stderr.strip().splitlines() == [
+            "damcha-hf: error: unrecognized arguments: --max-step 5 (see damcha-hf --help)"
+        ]

@@ -4,6 +4,7 @@ two Accelerate processes stay identical, LoRA trains only LoRA + generator and m
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,6 +86,13 @@ def test_train_gpt2_learns_saves_and_resumes_at_the_saved_step(tmp_path, corpus)
     model = AutoModelForCausalLM.from_pretrained(final)
     assert isinstance(model, damcha_hf.DamchaGPT2LMHeadModel)
     assert AutoTokenizer.from_pretrained(final)("fox")["input_ids"] == list(b"fox")
+    # Every checkpoint's tokenizer knows the model's 32 positions; the figures say which validation gave them.
+    for folder in (final, tmp_path / "full" / "checkpoint-3"):
+        assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == 32
+    assert model.config.n_positions == 32
+    card = (final / "README.md").read_text()
+    validation = f"16 blocks of 32 tokens drawn at random (seed 0) from {full['eval_documents']} held-out sections"
+    assert f"Validation figures: {validation} of the text" in card and 3 <= full["eval_documents"] <= 16
 
     # Resume from step 3 in a fresh folder: the run continues at step 4 and repeats the uninterrupted losses.
     resumed_dir = tmp_path / "resumed"
@@ -269,6 +277,8 @@ def test_train_vit_learns_and_resumes(tmp_path, image_folder):
     model = AutoModelForImageClassification.from_pretrained(tmp_path / "full" / "final")
     assert isinstance(model, damcha_hf.DamchaViTForImageClassification)
     assert model.config.id2label == {0: "bright", 1: "dark"}
+    card = (tmp_path / "full" / "final" / "README.md").read_text()
+    assert re.search(r"averaged over the tokens of the first \d validation images of the training run", card)
     resumed_dir = tmp_path / "resumed"
     resumed_dir.mkdir()
     shutil.copytree(tmp_path / "full" / "checkpoint-3", resumed_dir / "checkpoint-3")
@@ -427,3 +437,56 @@ np.save({str(tmp_path / "pixels.npy")!r}, np.asarray(processor(image, return_ten
     assert "torchvision" not in completed.stdout + completed.stderr
     expected = (np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4) * 16 / 255 - 0.5) / 0.5
     np.testing.assert_allclose(np.load(tmp_path / "pixels.npy"), expected, rtol=1e-6, atol=1e-6)
+
+
+def parse_error(recipe_name: str, argv: list[str], capsys) -> str:
+    """The one-line error a recipe's parser gives for `argv` (exit code 2), before any data is read."""
+    with pytest.raises(SystemExit) as exit_info:
+        load_recipe(recipe_name).parse_args(argv)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_mistakes_that_would_fail_after_loading_data_fail_while_parsing(tmp_path, monkeypatch, capsys):
+    """A missing dictionary, a causal --metric-context sequence, a score-mixing variant on SDPA, a tokenizer folder
+    that is not one, an image folder without label folders, an abbreviated flag: each one line naming the fix."""
+    import damcha_hf.data_sources
+
+    out = ["--output-dir", str(tmp_path / "run")]
+    monkeypatch.setattr(damcha_hf.data_sources, "GCIDE_PATH", str(tmp_path / "dictd" / "gcide.dict.dz"))
+    for name in ("train_gpt2", "train_gpt2_accelerate"):
+        message = parse_error(name, ["--data", "gcide", *out], capsys)
+        assert f"the GCIDE dictionary is not at {tmp_path}/dictd/gcide.dict.dz" in message
+        assert "apt-get install dict-gcide" in message
+        message = parse_error(name, ["--metric-context", "sequence", *out], capsys)
+        assert "would let a causal language model see future tokens; use --metric-context token" in message
+    assert main_cli_error(["demo", "--data", "gcide", "--output-dir", str(tmp_path / "demo")], capsys).endswith(
+        "apt-get install dict-gcide`), or pass --data stdlib or a text file, folder or glob (see damcha-hf demo --help)"
+    )
+    message = parse_error("train_gpt2", ["--cross-head-variant", "dcmha", "--attn", "sdpa", *out], capsys)
+    assert "use --attn eager (its default) instead of --attn sdpa" in message
+    assert load_recipe("train_gpt2").parse_args(["--cross-head-variant", "dcmha", *out]).attn == "eager"
+    assert load_recipe("train_gpt2").parse_args(out).attn == "sdpa"
+    message = parse_error("train_gpt2", ["--tokenizer", str(tmp_path / "no-tokenizer"), *out], capsys)
+    assert "is not a folder; use 'byte', 'bpe' or a folder a tokenizer was saved to" in message
+    loose = tmp_path / "images"
+    loose.mkdir()
+    for index in range(2):
+        Image.new("RGB", (8, 8)).save(loose / f"{index}.png")
+    message = parse_error("train_vit", ["--data", str(loose), *out], capsys)
+    assert "2 image(s) but no label folders; expected <folder>/<label>/<image>" in message
+    message = parse_error("train_gpt2", ["--max-step", "5", *out], capsys)
+    assert "unrecognized arguments: --max-step 5" in message
+
+
+def main_cli_error(argv: list[str], capsys) -> str:
+    from damcha_hf.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]

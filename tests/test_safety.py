@@ -507,37 +507,3 @@ def test_heatmap_of_a_vit_with_a_non_square_image(tmp_path):
     randomize_metric(model)
     result = damcha_hf.write_metric_map(model, tmp_path / "map.png")
     assert result.panels == 2 and (tmp_path / "map.png").read_bytes().startswith(b"\x89PNG")
-
-
-# ------------------------------------------------------------------------------------------- instant help (item 8)
-
-HEAVY = ("torch", "transformers", "accelerate", "peft", "datasets", "damcha_hf")
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [["damcha-hf", "--help"], ["damcha-hf", "demo", "--help"], ["damcha-hf", "push", "--help"]]
-    + [[str(RECIPES / f"{name}.py"), "--help"] for name in RECIPE_NAMES],
-)
-def test_help_imports_no_torch_transformers_or_the_package(argv):
-    assert importlib.util.find_spec("damcha_hf_cli"), (
-        "damcha_hf_cli (the torch-free console-script entry point, in setup.cfg's py_modules) is not installed: "
-        "re-run `pip install -e .`"
-    )
-    code = f"""
-import json, runpy, sys
-sys.argv = {argv!r}
-try:
-    if sys.argv[0] == "damcha-hf":
-        import damcha_hf_cli
-        damcha_hf_cli.main()
-    else:
-        runpy.run_path(sys.argv[0], run_name="__main__")
-except SystemExit as exit_info:
-    assert exit_info.code in (0, None), exit_info.code
-print(json.dumps(sorted(name for name in {HEAVY!r} if name in sys.modules)))
-"""
-    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    lines = completed.stdout.strip().splitlines()
-    assert "usage:" in completed.stdout
-    assert json.loads(lines[-1]) == []

@@ -12,31 +12,38 @@ import math
 import os
 import time
 
+from damcha_hf import argument_checks as checks
+from damcha_hf.modeling.damcha_config import METRIC_CONTEXTS
+from damcha_hf.safe_files import check_checkpoint_folder, hold_lock
+
 RESULTS_FILE = "demo_results.json"
+CAUSAL_METRIC_CONTEXTS = tuple(context for context in METRIC_CONTEXTS if context != "sequence")
 DEFAULT_MAX_STEPS = 1000
 DEFAULT_TIME_BUDGET_MINUTES = 6.0
+DEFAULT_EVAL_BLOCKS = 1024
 CALIBRATION_STEPS = 16
 WARMUP_TIMING_STEPS = 4
-
-
-def _light(name: str):
-    """A standard-library-only module of damcha_hf, without importing torch (see `damcha_hf_cli.light_import`)."""
-    from damcha_hf_cli import light_import
-
-    return light_import(name)
+EVALUATIONS = 5  # during training, for the loss curves
+CURVE_EVAL_BLOCKS = 256  # of the validation blocks, evaluated during training (the final figures use them all)
+# The demo trains on a few thousand of its 20,000+ blocks, so holding out a fifth of the documents costs it no text
+# and spreads the validation blocks over some 30 documents rather than 8.
+VALIDATION_FRACTION = 0.2
+BOOTSTRAP_SAMPLES = 2000
+EVAL_BATCH_FACTOR = 4  # evaluation batches are this many training batches: no gradients to keep, larger matrices
+NEGLIGIBLE_BITS_PER_BYTE = 0.0005
 
 
 def output_folder(text: str) -> str:
-    """`--output-dir`: a new or empty folder, or an earlier demo checkpoint (replaced); checked before training."""
+    """`--output-dir`: a new or empty folder, or an earlier demo checkpoint (replaced only with
+    --overwrite-output-dir); a folder holding anything else is refused while parsing."""
     try:
-        _light("damcha_hf.safe_files").check_checkpoint_folder(text, argument="")
+        check_checkpoint_folder(text, argument="--output-dir")
     except OSError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    checks = _light("damcha_hf.argument_checks")
     parser = subparsers.add_parser(
         "demo",
         help="train a small DAMCHA GPT-2 and an identical MHA GPT-2 on local text; compare, save, sample",
@@ -47,28 +54,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="text to train on: 'stdlib' (default: Python's standard library sources), 'gcide', a "
                         "text file, a folder of .txt files or a glob")  # fmt: skip
     parser.add_argument("--output-dir", default="./damcha-demo", type=output_folder,
-                        help="where the DAMCHA checkpoint goes: a new or empty folder, or an earlier demo's output "
-                        "(replaced); a folder holding other files is refused")  # fmt: skip
+                        help="where the DAMCHA checkpoint goes: a new or empty folder; an earlier demo's output "
+                        "needs --overwrite-output-dir; a folder holding other files is refused")  # fmt: skip
+    parser.add_argument("--overwrite-output-dir", action="store_true",
+                        help="replace the earlier demo checkpoint in --output-dir")  # fmt: skip
     parser.add_argument("--max-steps", type=checks.positive_int, default=DEFAULT_MAX_STEPS,
                         help=f"at most this many optimizer steps per model (default: {DEFAULT_MAX_STEPS})")  # fmt: skip
     parser.add_argument("--time-budget", type=checks.non_negative_float, default=DEFAULT_TIME_BUDGET_MINUTES,
-                        help="minutes of training for both models together (default: "
-                        f"{DEFAULT_TIME_BUDGET_MINUTES:g}): the step count is fixed after {CALIBRATION_STEPS} timed "
-                        "steps so the schedule still anneals; 0 = no limit, train --max-steps")  # fmt: skip
+                        help="minutes of training, evaluations included, for both models together (default: "
+                        f"{DEFAULT_TIME_BUDGET_MINUTES:g}): the step count is planned after {CALIBRATION_STEPS} timed "
+                        "steps, re-planned from the measured pace as training goes (so the schedule still anneals), "
+                        "and training stops when the time is up; 0 = no limit, train --max-steps")  # fmt: skip
     parser.add_argument("--batch-size", type=checks.positive_int, default=16)
     parser.add_argument("--block-size", type=checks.positive_int, default=128,
                         help="context length in bytes (default: 128)")  # fmt: skip
     parser.add_argument("--n-layer", type=checks.positive_int, default=4)
     parser.add_argument("--n-embd", type=checks.positive_int, default=128)
     parser.add_argument("--n-head", type=checks.positive_int, default=8, help="must divide --n-embd (default: 8)")
-    parser.add_argument("--metric-context", choices=("token", "query"), default="token")
+    parser.add_argument("--metric-context", choices=CAUSAL_METRIC_CONTEXTS, default="token",
+                        help="what the cross-head matrix C depends on ('sequence' would show a causal model the "
+                        "future)")  # fmt: skip
     parser.add_argument("--metric-hidden-size", type=checks.positive_int, default=64)
     parser.add_argument("--learning-rate", type=checks.positive_float, default=3e-3)
     parser.add_argument("--max-data-bytes", type=checks.positive_int, default=3_000_000,
                         help="read about this many bytes of text (default: 3 MB)")  # fmt: skip
-    parser.add_argument("--eval-blocks", type=checks.positive_int, default=96, help="validation blocks (default: 96)")
+    parser.add_argument("--eval-blocks", type=checks.positive_int, default=DEFAULT_EVAL_BLOCKS,
+                        help="validation blocks, drawn at random (with --seed) from the held-out documents; the "
+                        f"comparison's interval narrows with more (default: {DEFAULT_EVAL_BLOCKS})")  # fmt: skip
     parser.add_argument("--eval-every", type=checks.positive_int, default=None,
-                        help="evaluate every N steps (default: 5 times)")  # fmt: skip
+                        help=f"evaluate every N steps (default: {EVALUATIONS} times)")  # fmt: skip
     parser.add_argument("--sample-tokens", type=checks.positive_int, default=120,
                         help="bytes to generate for the sample (at most the context length)")  # fmt: skip
     parser.add_argument("--prompt", default="def ", help="prompt of the generated sample")
@@ -103,31 +117,125 @@ def _fastest_thread_count(model, batch) -> int:
     return min(timings, key=timings.get)
 
 
-def _evaluate(model, blocks, batch_size):
-    """(mean NLL in nats per predicted byte, bits per byte) over `blocks` (a LongTensor of token blocks)."""
+def block_nll(model, blocks, batch_size):
+    """Mean NLL (nats per predicted byte) of each block of `blocks` (a LongTensor of token blocks), float64."""
     import torch
 
     from damcha_hf.metrics import causal_lm_token_nll
 
     model.eval()
-    total, count = 0.0, 0
+    values = []
     with torch.no_grad():
         for start in range(0, len(blocks), batch_size):
             batch = blocks[start : start + batch_size]
-            nll = causal_lm_token_nll(model(input_ids=batch).logits, batch)
-            total, count = total + nll.double().sum().item(), count + nll.numel()
+            values.append(causal_lm_token_nll(model(input_ids=batch).logits, batch).double().mean(dim=1))
     model.train()
-    return total / count, total / count / math.log(2)
+    return torch.cat(values)
+
+
+def _evaluate(model, blocks, batch_size):
+    """(mean NLL in nats per predicted byte, bits per byte) over `blocks`: every block predicts as many bytes, so
+    the mean over blocks is the mean over bytes."""
+    mean = block_nll(model, blocks, batch_size).mean().item()
+    return mean, mean / math.log(2)
+
+
+def paired_difference(first, second, *, seed: int, samples: int = BOOTSTRAP_SAMPLES, level: float = 0.95):
+    """(mean of first - second, interval low, interval high): a percentile bootstrap over paired values (per-block
+    losses of two models on the same blocks; each resample draws blocks, the same ones for both models)."""
+    import torch
+
+    differences = (first - second).double()
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randint(len(differences), (samples, len(differences)), generator=generator)
+    means = differences[picks].mean(dim=1)
+    quantiles = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=means.dtype)
+    low, high = torch.quantile(means, quantiles).tolist()
+    return differences.mean().item(), low, high
+
+
+def verdict(low: float, high: float) -> str:
+    """The comparison in words, from the interval of DAMCHA - MHA in bits per byte: resolved when the whole interval
+    lies on one side of zero, beyond NEGLIGIBLE_BITS_PER_BYTE (below the table's precision: rounding, not learning)."""
+    if high < -NEGLIGIBLE_BITS_PER_BYTE:
+        return "DAMCHA lower, resolved"
+    if low > NEGLIGIBLE_BITS_PER_BYTE:
+        return "MHA lower, resolved"
+    return "not resolved at this length"
+
+
+class TimeBudget:
+    """Fits training, its evaluations included, into `--time-budget` minutes.
+
+    The step count is planned after CALIBRATION_STEPS timed steps and re-planned after every later step from the
+    pace of the latest CALIBRATION_STEPS steps and the time the evaluations took (other work on the machine changes
+    the pace), so the learning-rate schedule anneals by the end; training also stops when the time is up. Both models
+    train the same steps, so the comparison stays exact whatever the plan.
+    """
+
+    def __init__(self, minutes: float, max_steps: int, clock=None):
+        self.seconds = minutes * 60
+        self.max_steps = max_steps
+        self.clock = clock or time.perf_counter
+        self.started = self.clock()
+        self.step_seconds: list[float] = []  # from one step's end to the next's, evaluations left out
+        self._last_step_end = self.started
+        self.evaluation_seconds: list[float] = []
+        self._evaluations_counted = 0  # of `evaluation_seconds`, already taken out of a step's time
+        self.first_plan: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        return self.seconds > 0
+
+    def step_done(self) -> None:
+        """Record a training step: everything since the previous step ended, less the evaluations in between."""
+        now = self.clock()
+        evaluations = sum(self.evaluation_seconds[self._evaluations_counted :])
+        self._evaluations_counted = len(self.evaluation_seconds)
+        self.step_seconds.append(now - self._last_step_end - evaluations)
+        self._last_step_end = now
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    def pace(self) -> float:
+        """Seconds per training step (both models), over the latest steps after the slower first ones."""
+        recent = self.step_seconds[WARMUP_TIMING_STEPS:][-CALIBRATION_STEPS:] or self.step_seconds
+        return sum(recent) / len(recent)
+
+    def evaluation_cost(self, estimate: float) -> float:
+        return sum(self.evaluation_seconds) / len(self.evaluation_seconds) if self.evaluation_seconds else estimate
+
+    def plan(self, step: int, still_to_evaluate: float) -> int | None:
+        """The step count that ends at the budget (None when there is no budget or no re-plan is due at `step`);
+        `still_to_evaluate`: seconds of evaluation the rest of the run needs."""
+        if not self.limited or step < CALIBRATION_STEPS:
+            return None
+        affordable = int((self.seconds - self.elapsed() - still_to_evaluate) / self.pace())
+        total = max(step, min(self.max_steps, step + affordable))
+        if self.first_plan is None:
+            self.first_plan = total
+        return total
+
+    def out_of_time(self, reserve: float) -> bool:
+        """The budget, less `reserve` seconds for what must follow (the last evaluations), is spent."""
+        return self.limited and self.elapsed() >= self.seconds - reserve
 
 
 def check_arguments(args: argparse.Namespace) -> None:
     """What depends on several arguments, checked before anything is imported or loaded."""
-    checks = _light("damcha_hf.argument_checks")
     message = checks.heads_divide_width_error(args.n_embd, args.n_head, width_flag="--n-embd", heads_flag="--n-head")
     if message:
         raise ValueError(message)
     if len(args.prompt.encode("utf-8")) >= args.block_size:
         raise ValueError(f"--prompt must be shorter than --block-size ({args.block_size} bytes).")
+    folder = args.output_dir
+    if os.path.isdir(folder) and any(os.scandir(folder)) and not args.overwrite_output_dir:
+        raise ValueError(
+            f"--output-dir {folder} holds an earlier demo run (its checkpoint and {RESULTS_FILE} would be replaced); "
+            "pass --overwrite-output-dir to replace it, or choose another --output-dir"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     # One demo per output folder: the lock file sits beside the folder, which the save replaces as a whole.
     output = os.path.abspath(args.output_dir)
     lock_file = os.path.join(os.path.dirname(output), f".{os.path.basename(output)}.lock")
-    lock = _light("damcha_hf.safe_files").hold_lock(lock_file, what=f"--output-dir {args.output_dir}")
+    lock = hold_lock(lock_file, what=f"--output-dir {args.output_dir}")
     try:
         return _train_compare_and_save(args)
     finally:
@@ -149,21 +257,30 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from damcha_hf import convert_to_damcha
-    from damcha_hf.data import byte_level_tokenizer, group_into_blocks, load_text_corpus
+    from damcha_hf.data import byte_level_tokenizer, group_into_blocks, load_text_corpus, sample_blocks
     from damcha_hf.metrics import load_metric
 
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     torch.manual_seed(args.seed)
 
-    tokenizer = byte_level_tokenizer()
-    corpus = load_text_corpus(args.data, seed=args.seed, max_bytes=args.max_data_bytes)
+    tokenizer = byte_level_tokenizer(model_max_length=args.block_size)
+    corpus = load_text_corpus(
+        args.data, validation_fraction=VALIDATION_FRACTION, seed=args.seed, max_bytes=args.max_data_bytes
+    )
     separate_documents = args.data == "stdlib" or os.path.isdir(str(args.data))
-    blocks = group_into_blocks(corpus, tokenizer, args.block_size, separate_documents=separate_documents)
+    blocks = group_into_blocks(
+        corpus, tokenizer, args.block_size, separate_documents=separate_documents, document_ids=True
+    )
     train_blocks = torch.tensor(blocks["train"]["input_ids"])
-    eval_blocks = torch.tensor(blocks["validation"]["input_ids"][: args.eval_blocks])
-    print(f"[{time.perf_counter() - started:.0f} s] data: {args.data}: {len(train_blocks)} training and {len(eval_blocks)} validation blocks of "
-          f"{args.block_size} bytes")  # fmt: skip
+    validation, documents = sample_blocks(blocks["validation"], args.eval_blocks, seed=args.seed)
+    eval_blocks = torch.tensor(validation["input_ids"])
+    curve_blocks = eval_blocks[:CURVE_EVAL_BLOCKS]
+    held_out = "documents" if separate_documents else "sections of the text"
+    validation_note = (f"{len(eval_blocks)} blocks of {args.block_size} bytes drawn at random (seed {args.seed}) from "
+                       f"{documents} held-out {held_out}")  # fmt: skip
+    print(f"[{time.perf_counter() - started:.0f} s] data: {args.data}: {len(train_blocks)} training blocks; "
+          f"validation: {validation_note} (of {len(corpus['validation'])})")  # fmt: skip
 
     config = GPT2Config(
         vocab_size=len(tokenizer),
@@ -185,7 +302,7 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
     for model in (mha, damcha):  # `...LMHeadModel` names no loss: say it, rather than let transformers warn
         model.loss_type = "ForCausalLM"
     models = {"DAMCHA": damcha, "MHA": mha}
-    # Warm-up then cosine decay to `plan["total"]` steps, which the time budget may lower after calibration.
+    # Warm-up then cosine decay to `plan["total"]` steps, which the time budget re-plans as training goes.
     plan = {"total": args.max_steps, "warmup": max(1, min(CALIBRATION_STEPS, args.max_steps // 20))}
 
     def learning_rate_factor(step: int) -> float:
@@ -207,8 +324,18 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
           f"(DAMCHA), {sum(p.numel() for p in mha.parameters()):,} (MHA)")  # fmt: skip
     histories = {name: [] for name in models}
     progress = tqdm(total=plan["total"], desc="training DAMCHA and MHA", disable=args.no_progress)
-    step = 0
-    training_started = timing_start = time.perf_counter()
+    budget = TimeBudget(args.time_budget, args.max_steps)
+    eval_batch_size = args.batch_size * EVAL_BATCH_FACTOR
+
+    def evaluation_seconds_left(evaluations_done: int) -> float:
+        """The curve evaluations still due and the final one on every validation block, at the measured cost."""
+        # Until measured: a forward pass of both models costs about 0.4 of a training step, per batch.
+        curve = budget.evaluation_cost(0.4 * budget.pace() * math.ceil(len(curve_blocks) / args.batch_size))
+        curves_left = max(1, EVALUATIONS - evaluations_done) if not args.eval_every else 1
+        return curve * (curves_left + len(eval_blocks) / len(curve_blocks))
+
+    step = evaluations_done = 0
+    stopped_on_clock = False
     while step < plan["total"]:
         step += 1
         start = (step - 1) * args.batch_size % len(order)
@@ -230,47 +357,69 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
             )
         progress.update(1)
         progress.set_postfix({f"{name} loss": f"{value:.3f}" for name, value in losses.items()})
-        if step == WARMUP_TIMING_STEPS:
-            timing_start = time.perf_counter()  # the first steps are slower (allocator, thread pools): skip them
-        if args.time_budget > 0 and step >= CALIBRATION_STEPS and step & (step - 1) == 0:
-            # Re-estimate at steps 16, 32, 64, ... while under 60% of the budget: other work on the machine changes
-            # the pace. Both models share the plan, so the comparison stays exact.
-            elapsed = time.perf_counter() - training_started
-            if step == CALIBRATION_STEPS or elapsed < 0.6 * args.time_budget * 60:
-                seconds_per_step = (time.perf_counter() - timing_start) / (step - WARMUP_TIMING_STEPS)
-                # Evaluations cost about 3% on top of the steps; keep that margin.
-                affordable = step + int((args.time_budget * 60 - elapsed) / seconds_per_step / 1.03)
-                new_total = max(step, min(args.max_steps, affordable))
-                if new_total != plan["total"]:
-                    # Said once, and again only when the pace changed the plan by more than a fifth.
-                    if step == CALIBRATION_STEPS or abs(new_total - plan["total"]) > 0.2 * plan["total"]:
-                        progress.write(f"{seconds_per_step:.2f} s per step: {new_total} steps fit the "
-                                       f"{args.time_budget:g}-minute budget (--time-budget)")  # fmt: skip
-                    plan["total"] = progress.total = new_total
-        if args.time_budget > 0 and time.perf_counter() - training_started > args.time_budget * 60 * 1.1:
-            plan["total"] = progress.total = step  # far slower than measured: stop here (evaluated below)
-        eval_every = args.eval_every or max(1, plan["total"] // 5)
-        if step % eval_every == 0 or step == plan["total"]:
+        budget.step_done()
+        new_total = budget.plan(step, evaluation_seconds_left(evaluations_done))
+        if new_total is not None:
+            if step == CALIBRATION_STEPS:
+                progress.write(f"plan: {new_total} steps fit the {args.time_budget:g}-minute budget at "
+                               f"{budget.pace():.2f} s per step for both models, evaluations included; re-planned "
+                               "at every step from the measured pace, and stopped when the time is up "
+                               "(--time-budget)")  # fmt: skip
+            plan["total"] = progress.total = new_total
+        if step < plan["total"] and budget.out_of_time(reserve=evaluation_seconds_left(EVALUATIONS - 1)):
+            plan["total"] = progress.total = step  # slower than measured: stop here (evaluated below)
+            stopped_on_clock = True
+        due = (
+            step % args.eval_every == 0
+            if args.eval_every
+            else step * EVALUATIONS >= (evaluations_done + 1) * plan["total"]
+        )
+        if due or step == plan["total"]:
+            evaluation_started = time.perf_counter()
             for name, model in models.items():
-                eval_loss, bits_per_byte = _evaluate(model, eval_blocks, args.batch_size)
+                eval_loss, bits_per_byte = _evaluate(model, curve_blocks, eval_batch_size)
                 histories[name].append({"step": step, "eval_loss": eval_loss, "eval_bits_per_byte": bits_per_byte})
+            budget.evaluation_seconds.append(time.perf_counter() - evaluation_started)
+            # When a re-plan shortened the run, the evaluations it moved into the past are skipped, not caught up.
+            evaluations_done = max(evaluations_done + 1, step * EVALUATIONS // plan["total"])
     progress.close()
-    print(f"[{time.perf_counter() - started:.0f} s] trained")
 
-    # Final numbers through the shipped evaluate module (the same NLL, counted in bytes).
+    # Final numbers on every validation block, through the shipped evaluate module (the same NLL, counted in bytes).
     bits_per_byte_metric = load_metric("bits_per_byte", "nll")
-    results = {}
+    per_block, results = {}, {}
+    final_evaluation_started = time.perf_counter()
     for name, model in models.items():
-        eval_loss, _ = _evaluate(model, eval_blocks, args.batch_size)
+        per_block[name] = block_nll(model, eval_blocks, eval_batch_size)
+        eval_loss = per_block[name].mean().item()
         num_bytes = eval_blocks.shape[0] * (eval_blocks.shape[1] - 1)
         bpb = bits_per_byte_metric.compute(predictions=[eval_loss * num_bytes], references=[num_bytes])
         results[name] = {"eval_loss": eval_loss, "eval_bits_per_byte": bpb["bits_per_byte"]}
-    print(f"\nvalidation after {step} steps ({eval_blocks.numel():,} bytes):")
+    final_evaluation_seconds = time.perf_counter() - final_evaluation_started
+    training_seconds = budget.elapsed()
+    minutes, seconds = divmod(training_seconds, 60)
+    if budget.limited:
+        how = "stopped on the clock" if stopped_on_clock else "as planned"
+        print(f"[{time.perf_counter() - started:.0f} s] trained {step} steps and evaluated in {minutes:.0f} min "
+              f"{seconds:.0f} s of the {args.time_budget:g}-minute budget ({how}; first plan {budget.first_plan} "
+              "steps)")  # fmt: skip
+    else:
+        print(f"[{time.perf_counter() - started:.0f} s] trained {step} steps and evaluated in {minutes:.0f} min "
+              f"{seconds:.0f} s (no time budget)")  # fmt: skip
+
+    print(f"\nvalidation after {step} steps: {validation_note}")
     print(f"{'model':<8}{'loss (nats/byte)':>18}{'bits per byte':>15}")
     for name, row in results.items():
         print(f"{name:<8}{row['eval_loss']:>18.4f}{row['eval_bits_per_byte']:>15.4f}")
-    difference = results["DAMCHA"]["eval_bits_per_byte"] - results["MHA"]["eval_bits_per_byte"]
-    print(f"DAMCHA - MHA: {difference:+.4f} bits per byte (one seed: differences of about 0.01 are within noise)")
+    to_bits = 1 / math.log(2)
+    difference, low, high = paired_difference(per_block["DAMCHA"] * to_bits, per_block["MHA"] * to_bits, seed=args.seed)
+    comparison = {"difference_bits_per_byte": difference, "interval_95": [low, high], "verdict": verdict(low, high),
+                  "blocks": len(eval_blocks), "documents": documents}  # fmt: skip
+    print(f"DAMCHA - MHA: {difference:+.4f} bits per byte, 95% interval [{low:+.4f}, {high:+.4f}]: "
+          f"{comparison['verdict']}")  # fmt: skip
+    print(f"  (a paired bootstrap over the {len(eval_blocks)} validation blocks, the same blocks for both models: it "
+          "says how much the figure depends on which blocks were drawn, for this one training run. Another --seed "
+          "trains another pair of models, whose difference can move by more than this interval: compare several "
+          "seeds before drawing a conclusion about DAMCHA)")  # fmt: skip
 
     damcha.eval()
     prompt = tokenizer(args.prompt, return_tensors="pt")
@@ -283,8 +432,12 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
         )  # fmt: skip
     sample = tokenizer.decode(generated[0], skip_special_tokens=True)
 
-    summary = {"steps": step, "results": results, "log_history": histories, "sample": sample}
-    _save(damcha, tokenizer, args, histories, results, eval_blocks[:4], summary)
+    timing = {"budget_seconds": budget.seconds, "seconds": training_seconds, "first_plan": budget.first_plan,
+              "stopped_on_clock": stopped_on_clock, "final_evaluation_seconds": final_evaluation_seconds,
+              "curve_evaluation_seconds": budget.evaluation_seconds}  # fmt: skip
+    summary = {"steps": step, "results": results, "comparison": comparison, "validation": validation_note,
+               "time": timing, "log_history": histories, "sample": sample}  # fmt: skip
+    _save(damcha, tokenizer, args, histories, results, summary, validation_note)
     print(f"\nsaved the DAMCHA model to {args.output_dir}")
     print(f"\nsample (prompt {args.prompt!r}):\n{sample}\n")
     print(f"({SAMPLE_NOTE})")
@@ -305,24 +458,28 @@ def _card_metrics(row: dict) -> dict:
             "perplexity_per_byte": math.exp(row["eval_loss"])}  # fmt: skip
 
 
-def _save(model, tokenizer, args, histories, results, heatmap_inputs, summary) -> None:
-    """A Hub-ready checkpoint with the run's summary (`demo_results.json`) beside it, written as one folder swap."""
+def _save(model, tokenizer, args, histories, results, summary, validation_note) -> None:
+    """A Hub-ready checkpoint with the run's summary (`demo_results.json`) beside it, written as one folder swap. The
+    metric heatmap uses the built-in sample that `damcha-hf inspect` uses by default, so both give the same figures."""
     import json
 
     from damcha_hf.hub import save_hub_checkpoint
-
-    eval_results = _card_metrics(results["DAMCHA"])
     from damcha_hf.safe_files import public_dataset_name
 
+    eval_results = _card_metrics(results["DAMCHA"])
     # A local path must not reach the card: a file or folder is named by its base name only.
     dataset = "python-stdlib-sources" if args.data == "stdlib" else public_dataset_name(args.data)
     save_hub_checkpoint(
         model, args.output_dir, tokenizer_or_processor=tokenizer, log_history=histories["DAMCHA"], datasets=[dataset] if dataset else None,
-        heatmap_inputs=heatmap_inputs, eval_results=eval_results, model_name="damcha-demo", overwrite=True,
+        eval_results=eval_results, model_name="damcha-demo", overwrite=True,
         extra_files={RESULTS_FILE: json.dumps(summary, indent=1) + "\n"},
         baseline_log_histories={"MHA baseline": histories["MHA"]},
         log_source="the demo's training loop (`damcha-hf demo`: both models in one loop, not the `Trainer`)",
         comparison={"MHA baseline (same run)": _card_metrics(results["MHA"])},
         notes=["The demo trains a small model for a few CPU minutes: a generated sample is not expected to read as "
-               "code yet; the comparison with the MHA baseline is what the demo shows."],
+               "code yet; the comparison with the MHA baseline is what the demo shows.",
+               f"Validation figures (both models): {validation_note} of {dataset or 'the training text'}, none of "
+               f"them seen in training; the DAMCHA - MHA difference is {summary['comparison']['verdict']} "
+               f"({summary['comparison']['difference_bits_per_byte']:+.4f} bits per byte, 95% bootstrap interval "
+               f"[{summary['comparison']['interval_95'][0]:+.4f}, {summary['comparison']['interval_95'][1]:+.4f}])."],
     )  # fmt: skip

@@ -3,6 +3,9 @@
 import argparse
 import os
 
+from damcha_hf.argument_checks import HelpFormatter
+from damcha_hf.modeling.damcha_config import CROSS_HEAD_VARIANTS
+
 # The presets every family declares (`DamchaFamily.presets`), listed here without importing torch for `--help`.
 PRESET_DESCRIPTIONS = {
     "gpt2-small": "(default)",
@@ -28,12 +31,10 @@ def model_argument(text: str) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from damcha_hf_cli import light_import
-
     parser = subparsers.add_parser(
         "info",
         help="print a model's DAMCHA settings and metric-generator parameter share",
-        formatter_class=light_import("damcha_hf.argument_checks").HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "model",
@@ -45,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--cross-head-variant",
         default=None,
-        choices=("damcha", "talking_heads", "dcmha", "none"),
+        choices=CROSS_HEAD_VARIANTS,
         help="for a preset: damcha (default), talking_heads, dcmha or none, to compare the added parameters",
     )
     parser.set_defaults(func=run)

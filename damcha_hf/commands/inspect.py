@@ -5,6 +5,8 @@ import os
 import sys
 from pathlib import Path
 
+from damcha_hf.argument_checks import HelpFormatter
+
 TEXT_CHUNK_CHARS = 512
 MAX_TEXT_CHUNKS = 8
 
@@ -31,11 +33,9 @@ def checkpoint_folder(text: str) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from damcha_hf_cli import light_import
-
     parser = subparsers.add_parser(
         "inspect",
-        formatter_class=light_import("damcha_hf.argument_checks").HelpFormatter,
+        formatter_class=HelpFormatter,
         help="draw the learned cross-head matrix C of a checkpoint (mean over tokens, one panel per layer)",
         description="Run a few inputs through a DAMCHA checkpoint, draw each layer's mean cross-head matrix C as a "
         "heatmap and print each layer's off-diagonal mass sum_{i!=j}|C_ij| / sum|C_ij|.",

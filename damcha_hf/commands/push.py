@@ -2,13 +2,13 @@
 
 import argparse
 
+from damcha_hf.argument_checks import HelpFormatter
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from damcha_hf_cli import light_import
-
     parser = subparsers.add_parser(
         "push",
-        formatter_class=light_import("damcha_hf.argument_checks").HelpFormatter,
+        formatter_class=HelpFormatter,
         help="upload a checkpoint to the Hugging Face Hub (safetensors, config, code, preprocessor, card, images)",
         description="Create the Hub model repository REPO_ID if needed and upload the checkpoint's safetensors "
         "weights, config, model code, tokenizer or image processor, README.md and its images; optimizer, scheduler, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,7 @@ def save_hub_checkpoint(
     base_model: str | None = None,
     datasets: str | Sequence[str] | None = None,
     heatmap_inputs=None,
+    heatmap_description: str | None = None,
     metric_heatmap: bool = True,
     license: str = "apache-2.0",
     eval_results: Mapping[str, float] | None = None,
@@ -53,7 +55,8 @@ def save_hub_checkpoint(
         tokenizer_or_processor: saved with `save_pretrained`; a tokenizer also tokenises the heatmap text.
         log_history, base_model, datasets, license, eval_results, model_name: see `build_model_card`.
         heatmap_inputs: inputs for the metric heatmap (`damcha_hf.metric_map.compute_metric_map` accepts a tensor,
-            a dict of model inputs, a list of them, or texts); None uses a built-in sample.
+            a dict of model inputs, a list of them, or texts); None uses the built-in sample that `damcha-hf inspect`
+            uses by default. `heatmap_description` says in words what the given inputs are, for the card.
         overwrite: replace an existing `folder` that holds an earlier save of this function and nothing else: each
             save lists the files it wrote in `.damcha-hf-files.json`, and only those are replaced. A folder holding
             anything else (a Trainer `output_dir`, your own files, a checkpoint saved without that record), the
@@ -87,7 +90,7 @@ def save_hub_checkpoint(
         if changed:
             atomic_write(staging / "config.json", config_json_bytes(config))
         if tokenizer_or_processor is not None:
-            tokenizer_or_processor.save_pretrained(staging)
+            fitted_to_context(tokenizer_or_processor, model.config).save_pretrained(staging)
         images = {}
         if log_history is not None and write_loss_curve(
             log_history, staging / LOSS_CURVE_FILE, baselines=baseline_log_histories, name=model_name or "this model"
@@ -98,7 +101,10 @@ def save_hub_checkpoint(
             tokenizer = (
                 None if is_vision_model(model) or not callable(tokenizer_or_processor) else tokenizer_or_processor
             )
-            metric_map = write_metric_map(model, staging / METRIC_HEATMAP_FILE, heatmap_inputs, tokenizer=tokenizer)
+            metric_map = write_metric_map(
+                model, staging / METRIC_HEATMAP_FILE, heatmap_inputs, tokenizer=tokenizer,
+                description=heatmap_description,
+            )  # fmt: skip
             images["metric_heatmap"] = METRIC_HEATMAP_FILE
         card = build_model_card(
             model,
@@ -124,6 +130,18 @@ def save_hub_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return folder
+
+
+def fitted_to_context(tokenizer_or_processor, config):
+    """A tokenizer whose `model_max_length` is the model's context (`max_position_embeddings`: GPT-2's `n_positions`),
+    so that `tokenizer(..., truncation=True)` cuts inputs where the model's positions end and longer inputs are
+    flagged; a copy, the caller's tokenizer is left as it is. Anything else (an image processor) is returned as is."""
+    context = getattr(config, "max_position_embeddings", None)
+    if not context or getattr(tokenizer_or_processor, "model_max_length", context) == context:
+        return tokenizer_or_processor
+    fitted = copy.copy(tokenizer_or_processor)
+    fitted.model_max_length = context
+    return fitted
 
 
 def replace_folder(new: Path, target: Path, *, overwrite: bool) -> None:

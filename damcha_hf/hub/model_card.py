@@ -275,26 +275,31 @@ def build_model_card(
 
 
 def loading_section(auto_class: str, repo_id: str, family: str, has_preprocessor: bool, stock: bool = False) -> str:
-    preprocessor_class = "AutoImageProcessor" if family_for_model_type(family).vision else "AutoTokenizer"
-    imports = f"{auto_class}, {preprocessor_class}" if has_preprocessor else auto_class
+    vision = family_for_model_type(family).vision
 
     def snippet(plugin: bool) -> str:
         lines = ["import damcha_hf  # registers the DAMCHA classes with the Auto classes"] if plugin else []
-        suffix = "" if plugin else ", trust_remote_code=True"
+        suffix = "" if plugin or stock else ", trust_remote_code=True"
+        # The tokenizer and image processor are transformers' own classes: they load without remote code.
+        # `AutoImageProcessor` finds its class in preprocessor_config.json. Without the plugin, `AutoTokenizer`
+        # would read config.json first, meet an unknown model_type with remote code and stop at an interactive
+        # "Do you wish to run the custom code? [y/N]" prompt; the tokenizer class itself reads only its own files.
+        if vision:
+            preprocessor_class = "AutoImageProcessor"
+        else:
+            preprocessor_class = "AutoTokenizer" if plugin or stock else "PreTrainedTokenizerFast"
+        imports = f"{auto_class}, {preprocessor_class}" if has_preprocessor else auto_class
         lines += [
             f"from transformers import {imports}",
             "",
             f'model = {auto_class}.from_pretrained("{repo_id}"{suffix})',
         ]
         if has_preprocessor:
-            # Without the plugin, the tokenizer / image processor also needs trust_remote_code: to find its class,
-            # transformers may read config.json, and an unknown model_type there without the flag stops at an
-            # interactive "Do you wish to run the custom code? [y/N]" prompt (a hang in a notebook or a script).
-            lines.append(f'preprocessor = {preprocessor_class}.from_pretrained("{repo_id}"{suffix})')
+            lines.append(f'preprocessor = {preprocessor_class}.from_pretrained("{repo_id}")')
         return "```python\n" + "\n".join(lines) + "\n```"
 
     if stock:  # transformers' own classes: no plugin, no remote code
-        return "## How to load\n\n" + snippet(plugin=False).replace(", trust_remote_code=True", "")
+        return "## How to load\n\n" + snippet(plugin=False)
     return (
         "## How to load\n\nWith the `damcha-hf` plugin installed (it is not on PyPI: in a clone of its repository, "
         "`pip install -e .`):\n\n"
@@ -310,10 +315,11 @@ def loading_section(auto_class: str, repo_id: str, family: str, has_preprocessor
 
 
 def metric_section(image: str | None, metric_map: MetricMap | None) -> str:
+    averaged_over = metric_map.inputs if metric_map is not None else "a few sample inputs"
     text = (
-        "## Learned cross-head metric\n\nThe cross-head matrix `C` of each layer, averaged over the tokens of a few "
-        "sample inputs (`damcha-hf inspect` redraws it). `C = I` is plain multi-head attention; off-diagonal "
-        "entries are how much head `i` scores against head `j`'s keys."
+        "## Learned cross-head metric\n\nThe cross-head matrix `C` of each layer, averaged over the tokens of "
+        f"{averaged_over}. `C = I` is plain multi-head attention; off-diagonal entries are how much head `i` scores "
+        "against head `j`'s keys."
     )
     if image:
         text += f"\n\n![Mean cross-head matrix C per layer]({image})"

@@ -14,6 +14,7 @@ import copy
 import fnmatch
 import functools
 import glob
+import json
 import os
 import sys
 from typing import TYPE_CHECKING

@@ -96,6 +96,22 @@ class DamchaGPT2PreTrainedModel(DamchaPreTrainedMixin, GPT2PreTrainedModel):
     config: DamchaGPT2Config
     damcha_attention_class = DamchaGPT2Attention
 
+    def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
+        super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
+        # GPT-2's positions are a learned table of `n_positions` rows: generating past it would end in an IndexError
+        # deep inside the embedding (transformers only warns), so refuse it here, naming the limit.
+        positions, max_length = self.config.n_positions, generation_config.max_length
+        if max_length > positions:
+            fits = positions - input_ids_length
+            fix = (
+                f"ask for at most max_new_tokens={fits}" if fits > 0 else f"shorten the prompt below {positions} tokens"
+            )
+            raise ValueError(
+                f"generate() would reach {max_length} tokens (a prompt of {input_ids_length} and up to "
+                f"{max_length - input_ids_length} new), but this model has {positions} positions "
+                f"(`config.n_positions`); {fix}."
+            )
+
 
 class DamchaGPT2Model(DamchaGPT2PreTrainedModel, GPT2Model):
     damcha_base_model = True

@@ -44,6 +44,8 @@ def add_metric_arguments(parser: argparse.ArgumentParser) -> None:
                        "offdiagonal")  # fmt: skip
     group.add_argument("--metric-sharing", choices=options.METRIC_SHARINGS, help="one generator per stack or per layer")
     group.add_argument("--metric-hidden-size", type=checks.positive_int, help="hidden width r of the metric generator")
+    group.add_argument("--metric-form", choices=options.METRIC_FORMS, help="keys (mixed keys, every backend) or "
+                       "scores (sum_j C_ij Q_j K_j^T, eager attention only); see modeling/metric.py")  # fmt: skip
     group.add_argument(
         "--cross-head-variant",
         choices=options.CROSS_HEAD_VARIANTS,
@@ -57,17 +59,26 @@ def add_metric_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-METRIC_FIELDS = ("metric_context", "metric_mask", "metric_sharing", "metric_hidden_size", "cross_head_variant")
+METRIC_FIELDS = (
+    "metric_context", "metric_mask", "metric_sharing", "metric_hidden_size", "metric_form", "cross_head_variant",
+)  # fmt: skip
 
 
 def resolve_attention(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--attn: sdpa by default, eager for a score-mixing --cross-head-variant, which refuses any other backend."""
-    mixing = getattr(args, "cross_head_variant", None) in options.SCORE_MIXING_VARIANT_NAMES
+    """--attn: sdpa by default, eager for a score-mixing --cross-head-variant or --metric-form scores, which refuse
+    any other backend."""
+    variant = getattr(args, "cross_head_variant", None)
+    mixing = variant in options.SCORE_MIXING_VARIANT_NAMES or getattr(args, "metric_form", None) == "scores"
     if args.attn is None:
         args.attn = "eager" if mixing else "sdpa"
     elif mixing and args.attn != "eager":
-        parser.error(f"--cross-head-variant {args.cross_head_variant} mixes the attention score maps, which only "
-                     f"eager attention materialises; use --attn eager (its default) instead of --attn {args.attn}")  # fmt: skip
+        chosen = (
+            f"--cross-head-variant {variant}"
+            if variant in options.SCORE_MIXING_VARIANT_NAMES
+            else "--metric-form scores"
+        )
+        parser.error(f"{chosen} mixes the attention score maps, which only eager attention materialises; use "
+                     f"--attn eager (its default) instead of --attn {args.attn}")  # fmt: skip
 
 
 def metric_options(args: argparse.Namespace) -> dict:

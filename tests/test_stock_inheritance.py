@@ -176,3 +176,13 @@ def test_gpt2_residual_projections_get_the_stock_scaled_init(model_class):
         for projection in (layer.attn.c_proj, layer.mlp.c_proj):
             assert projection.weight.std().item() == pytest.approx(scaled, rel=0.05)
         assert layer.attn.c_attn.weight.std().item() == pytest.approx(config.initializer_range, rel=0.05)
+
+
+def test_generating_past_gpt2_positions_names_the_limit():
+    model = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(n_positions=16)).eval()
+    prompt = torch.randint(3, 97, (1, 10))
+    assert model.generate(prompt, max_new_tokens=6, do_sample=False).shape[1] == 16  # up to the limit works
+    with pytest.raises(ValueError, match=r"16 positions .*max_new_tokens=6"):
+        model.generate(prompt, max_new_tokens=7, do_sample=False)
+    with pytest.raises(ValueError, match="shorten the prompt"):
+        model.generate(torch.randint(3, 97, (1, 16)), max_new_tokens=1, do_sample=False)

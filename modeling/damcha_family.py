@@ -38,7 +38,6 @@ class DamchaFamily:
         display_name: how a model card names it (`"Llama"`).
         config_class: the DAMCHA config class.
         heads: every DAMCHA model class, the base model first.
-        causal: a decoder (`metric_context="sequence"` refused, text generation, language-model data).
         vision: takes `pixel_values` (image processor, image data) rather than `input_ids` (tokenizer, text).
         lora_target_modules: module names LoRA adapts (the attention and MLP projections).
         lora_fan_in_fan_out: those modules store the weight transposed (GPT-2's `Conv1D`).
@@ -52,13 +51,17 @@ class DamchaFamily:
     display_name: str
     config_class: type
     heads: tuple[DamchaHead, ...]
-    causal: bool
     vision: bool
     lora_target_modules: tuple[str, ...]
     lora_fan_in_fan_out: bool = False
     task_head_modules: tuple[str, ...] = ()
     architecture_options: Callable[[object], dict] = no_architecture_options
     presets: dict[str, tuple[type, Callable[..., object]]] = field(default_factory=dict)
+
+    @property
+    def causal(self) -> bool:
+        """A decoder (`metric_context="sequence"` refused, text generation, language-model data): the config says."""
+        return self.config_class.damcha_causal
 
     @property
     def damcha_model_type(self) -> str:

@@ -167,7 +167,6 @@ DAMCHA_FAMILY = DamchaFamily(
         ),
         DamchaHead(None, DamchaGPT2DoubleHeadsModel, GPT2DoubleHeadsModel, "text-generation"),
     ),
-    causal=True,
     vision=False,
     lora_target_modules=("c_attn", "c_proj", "c_fc"),
     lora_fan_in_fan_out=True,  # GPT-2's projections are Conv1D (weight stored transposed)

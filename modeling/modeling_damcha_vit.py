@@ -206,7 +206,6 @@ DAMCHA_FAMILY = DamchaFamily(
             "image-feature-extraction",
         ),
     ),
-    causal=False,
     vision=True,
     lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2"),
     task_head_modules=("classifier",),  # a new dataset's classifier starts fresh: train it in full

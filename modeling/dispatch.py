@@ -127,20 +127,7 @@ def cross_head_attention(
     cache = self_attention_cache(cache if cache is not None else past_key_values)
     if key is None and (scores_form or metric_context not in ("sequence", "token")):
         key = project_heads(key_projection, hidden_states, query.shape[-1])
-    if variant in SCORE_MIXING_VARIANTS:
-        mixing = layer_mixing(module)
-        return score_mixing_cross_head_attention(
-            module,
-            hidden_states,
-            query,
-            key,
-            value,
-            attention_mask,
-            mixing=mixing,
-            dropout=dropout,
-            cache=cache,
-            **kwargs,
-        )
+    mixing = layer_mixing(module) if variant in SCORE_MIXING_VARIANTS else None
     if variant == "damcha":
         if metric is None:
             raise ValueError(
@@ -164,31 +151,25 @@ def cross_head_attention(
                 num_key_value_heads=key.shape[1],
                 token_mask=token_mask,
             )
-            return score_mixing_cross_head_attention(
-                module,
-                hidden_states,
+        else:
+            check_attention_backend(metric_context, attn_implementation)
+            query, key = cross_head_query_key(
                 query,
                 key,
-                value,
-                attention_mask,
-                mixing=mixing,
-                dropout=dropout,
-                cache=cache,
-                **kwargs,
+                hidden_states,
+                metric,
+                layer_idx=module.layer_idx or 0,
+                metric_context=metric_context,
+                metric_mask=config.metric_mask,
+                token_mask=token_mask,
+                compact_saved_key=_backend_copies_its_inputs(attn_implementation, dropout, query),
+                key_projection=key_projection,
             )
-        check_attention_backend(metric_context, attn_implementation)
-        query, key = cross_head_query_key(
-            query,
-            key,
-            hidden_states,
-            metric,
-            layer_idx=module.layer_idx or 0,
-            metric_context=metric_context,
-            metric_mask=config.metric_mask,
-            token_mask=token_mask,
-            compact_saved_key=_backend_copies_its_inputs(attn_implementation, dropout, query),
-            key_projection=key_projection,
-        )
+    if mixing is not None:
+        return score_mixing_cross_head_attention(
+            module, hidden_states, query, key, value, attention_mask, mixing=mixing, dropout=dropout, cache=cache,
+            **kwargs,
+        )  # fmt: skip
     if cache is not None:
         key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
     key = full_width_key(query, key)

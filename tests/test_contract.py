@@ -355,13 +355,16 @@ def _as_4d_mask(mask, form):
     return torch.zeros(keys.shape).masked_fill(~keys, torch.finfo(torch.float32).min)
 
 
-# Eager attention adds the mask to the scores, so it takes 2D and additive masks only (as in stock ViT).
+# Eager attention adds the mask to the scores, so it takes 2D and additive masks only (as in stock ViT); the "scores"
+# form of the metric runs on eager attention only.
 @pytest.mark.parametrize(
-    "attn, mask_form", [("eager", "2d"), ("eager", "float"), ("sdpa", "2d"), ("sdpa", "float"), ("sdpa", "bool")]
-)
-def test_vit_sequence_metric_with_padding_equals_the_model_without_the_padded_tokens(attn, mask_form):
+    "attn, mask_form, metric_form",
+    [("eager", "2d", "keys"), ("eager", "float", "keys"), ("sdpa", "2d", "keys"), ("sdpa", "float", "keys"),
+     ("sdpa", "bool", "keys"), ("eager", "2d", "scores"), ("eager", "float", "scores")],
+)  # fmt: skip
+def test_vit_sequence_metric_with_padding_equals_the_model_without_the_padded_tokens(attn, mask_form, metric_form):
     """Oracle: the same layers run on the kept tokens alone, one image at a time, without a mask."""
-    model = DamchaViTModel(tiny_damcha_vit_config(metric_context="sequence")).eval()
+    model = DamchaViTModel(tiny_damcha_vit_config(metric_context="sequence", metric_form=metric_form)).eval()
     model.set_attn_implementation(attn)
     randomize_cross_head(model, scale=0.5)
     pixels = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(3))

@@ -13,7 +13,6 @@ from conftest import (
     randomize_metric,
     tiny_damcha_gpt2_config,
     tiny_damcha_llama_config,
-    tiny_damcha_vit_config,
     tiny_gpt2_config,
     tiny_llama_config,
 )
@@ -142,33 +141,6 @@ def test_scores_form_converts_exactly_and_generates_the_same_with_and_without_a_
         ]
     }
     assert torch.equal(generated["dynamic"], generated["none"]) and torch.equal(generated["static"], generated["none"])
-
-
-@pytest.mark.parametrize("mask_form", ["2d", "additive"])
-def test_scores_form_vit_sequence_metric_with_padding_equals_the_model_without_the_padded_tokens(mask_form):
-    """Oracle: the same layers run on the kept tokens alone, one image at a time, without a mask."""
-    model = damcha_hf.DamchaViTModel(tiny_damcha_vit_config(metric_form="scores", metric_context="sequence")).eval()
-    randomize_metric(model)
-    pixels = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(3))
-    mask = torch.ones(2, 50, dtype=torch.long)
-    mask[0, -7:] = 0
-    mask[1, -19:] = 0
-    given = mask
-    if mask_form == "additive":
-        keys = mask[:, None, None, :].bool().expand(-1, 1, 50, -1)
-        given = torch.zeros(keys.shape).masked_fill(~keys, torch.finfo(torch.float32).min)
-    with torch.no_grad():
-        masked = model(pixels, attention_mask=given).last_hidden_state
-        unmasked = model(pixels).last_hidden_state
-        embeddings = model.embeddings(pixels)
-        for row in range(2):
-            hidden = embeddings[row : row + 1, mask[row].bool()]
-            for layer in model.layers:
-                hidden = layer(hidden, None, cross_head_metric=model.cross_head_metric)
-            expected = model.layernorm(hidden)
-            torch.testing.assert_close(masked[row : row + 1, mask[row].bool()], expected, rtol=1e-4, atol=1e-5)
-    kept = mask.bool()
-    assert (masked[kept] - unmasked[kept]).abs().max() > 1e-3
 
 
 def test_scores_form_refuses_fused_backends_and_allows_multi_query_llama():

@@ -545,9 +545,8 @@ def test_accelerate_resume_checks_its_state_and_can_continue_from_the_weights_al
 HOLD_DEMO_FOLDER = textwrap.dedent(
     """
     import sys
-    sys.path.insert(0, {repo!r})
-    from damcha_hf_cli import light_import
-    light_import("damcha_hf.safe_files").hold_lock({lock!r}, what="demo")
+    from damcha_hf.safe_files import hold_lock
+    hold_lock({lock!r}, what="demo")
     print("holding", flush=True)
     sys.stdin.read()
     """
@@ -557,7 +556,7 @@ HOLD_DEMO_FOLDER = textwrap.dedent(
 def test_a_second_demo_on_a_folder_is_refused_naming_the_first(tmp_path, capsys):
     output = tmp_path / "ow"
     first = subprocess.Popen(
-        [sys.executable, "-c", HOLD_DEMO_FOLDER.format(repo=str(REPO), lock=str(tmp_path / ".ow.lock"))],
+        [sys.executable, "-c", HOLD_DEMO_FOLDER.format(lock=str(tmp_path / ".ow.lock"))],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

@@ -259,6 +259,7 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
     from damcha_hf import convert_to_damcha
     from damcha_hf.data import byte_level_tokenizer, group_into_blocks, load_text_corpus, sample_blocks
     from damcha_hf.metrics import load_metric
+    from damcha_hf.training import TrainingLoop
 
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
@@ -302,20 +303,15 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
     for model in (mha, damcha):  # `...LMHeadModel` names no loss: say it, rather than let transformers warn
         model.loss_type = "ForCausalLM"
     models = {"DAMCHA": damcha, "MHA": mha}
-    # Warm-up then cosine decay to `plan["total"]` steps, which the time budget re-plans as training goes.
-    plan = {"total": args.max_steps, "warmup": max(1, min(CALIBRATION_STEPS, args.max_steps // 20))}
-
-    def learning_rate_factor(step: int) -> float:
-        if step < plan["warmup"]:
-            return (step + 1) / plan["warmup"]
-        progress = min(1.0, (step - plan["warmup"]) / max(1, plan["total"] - plan["warmup"]))
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    optimizers, schedulers = {}, {}
-    for name, model in models.items():
-        model.train()
-        optimizers[name] = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.01)
-        schedulers[name] = torch.optim.lr_scheduler.LambdaLR(optimizers[name], learning_rate_factor)
+    # Warm-up, then cosine decay to zero at `plan["total"]` steps, which the time budget re-plans as training goes.
+    plan = {"total": args.max_steps}
+    loops = {
+        name: TrainingLoop(
+            model, args.learning_rate, args.max_steps, warmup=max(1, min(CALIBRATION_STEPS, args.max_steps // 20)),
+            final_fraction=0.0, weight_decay=0.01, decays=lambda _name, _parameter: True, betas=(0.9, 0.999),
+        )
+        for name, model in models.items()
+    }  # fmt: skip
 
     order = torch.randperm(len(train_blocks), generator=torch.Generator().manual_seed(args.seed))
     if not args.num_threads:
@@ -344,17 +340,10 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
             indices = torch.cat([indices, order[: args.batch_size - len(indices)]])
         batch = train_blocks[indices]
         losses = {}
-        for name, model in models.items():
-            loss = model(input_ids=batch, labels=batch).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizers[name].step()
-            schedulers[name].step()
-            optimizers[name].zero_grad(set_to_none=True)
-            losses[name] = loss.item()
-            histories[name].append(
-                {"step": step, "loss": losses[name], "learning_rate": schedulers[name].get_last_lr()[0]}
-            )
+        for name, loop in loops.items():
+            learning_rate = loop.learning_rate()
+            losses[name] = loop.step({"input_ids": batch, "labels": batch}, label=name)
+            histories[name].append({"step": step, "loss": losses[name], "learning_rate": learning_rate})
         progress.update(1)
         progress.set_postfix({f"{name} loss": f"{value:.3f}" for name, value in losses.items()})
         budget.step_done()
@@ -366,6 +355,8 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
                                "at every step from the measured pace, and stopped when the time is up "
                                "(--time-budget)")  # fmt: skip
             plan["total"] = progress.total = new_total
+            for loop in loops.values():
+                loop.total_steps = new_total
         if step < plan["total"] and budget.out_of_time(reserve=evaluation_seconds_left(EVALUATIONS - 1)):
             plan["total"] = progress.total = step  # slower than measured: stop here (evaluated below)
             stopped_on_clock = True

@@ -13,14 +13,14 @@ MAX_TEXT_CHUNKS = 8
 
 def png_path(text: str) -> str:
     """`--output`: a file path (not a folder) that can be created, checked while parsing."""
-    from damcha_hf_cli import light_import
+    from damcha_hf.safe_files import check_writable_location
 
     if os.path.isdir(text):
         raise argparse.ArgumentTypeError(
             f"{text} is a folder; give the path of the PNG to write, e.g. {os.path.join(text, 'metric_heatmap.png')}"
         )
     try:
-        light_import("damcha_hf.safe_files").check_writable_location(Path(text).absolute())
+        check_writable_location(Path(text).absolute())
     except OSError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text

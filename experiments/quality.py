@@ -175,7 +175,8 @@ def load_gcide(eval_bytes: int, synthetic: bool, seed: int = 0):
         train_end = len(raw) * 8 // 10
         split = (raw[:train_end], raw[train_end : train_end + len(raw) // 10], raw[train_end + len(raw) // 10 :])
     else:
-        from damcha_hf.data import GCIDE_PATH, read_gcide_bytes
+        from damcha_hf.data import read_gcide_bytes
+        from damcha_hf.data_sources import GCIDE_PATH
 
         raw = read_gcide_bytes(GCIDE_PATH, 12 * MB)
         if len(raw) < 12 * MB:
@@ -875,7 +876,7 @@ def main(argv=None):
     refuse_to_overwrite(json_path, args.overwrite)
     import torch
 
-    from damcha_hf.data import FASHION_MNIST_DIR, GCIDE_PATH
+    from damcha_hf.data_sources import FASHION_MNIST_DIR, GCIDE_PATH
 
     device, machine = set_up_device(args.device, args.threads)
     args.device = str(device)

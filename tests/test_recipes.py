@@ -470,8 +470,8 @@ def test_mistakes_that_would_fail_after_loading_data_fail_while_parsing(tmp_path
     assert load_recipe("train_gpt2").parse_args(["--cross-head-variant", "dcmha", *out]).attn == "eager"
     assert load_recipe("train_gpt2").parse_args(out).attn == "sdpa"
     message = parse_error("train_gpt2", ["--metric-form", "scores", "--attn", "sdpa", *out], capsys)
-    assert message.endswith("--metric-form scores mixes the attention score maps, which only eager attention "
-                            "materialises; use --attn eager (its default) instead of --attn sdpa")  # fmt: skip
+    assert ("--metric-form scores mixes the attention score maps, which only eager attention "
+                            "materialises; use --attn eager (its default) instead of --attn sdpa") in message  # fmt: skip
     scores = load_recipe("train_gpt2").parse_args(["--metric-form", "scores", *out])
     assert scores.attn == "eager" and load_recipe("train_gpt2").common.metric_options(scores)["metric_form"] == "scores"
     message = parse_error("train_gpt2", ["--tokenizer", str(tmp_path / "no-tokenizer"), *out], capsys)

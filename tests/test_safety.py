@@ -1,5 +1,5 @@
 """Nothing lost, nothing leaked: output folders, pushes that stay inside their folder, validated config overrides,
-cards without local paths, honest resumes, one-line errors and an instant `--help` (issue 10)."""
+cards without local paths, honest resumes, one-line errors and an instant `--help`."""
 
 import importlib.util
 import json

@@ -143,3 +143,18 @@ def test_console_script_answers_at_once(argv):
         assert completed.stderr.strip().splitlines() == [
             "damcha-hf: error: unrecognized arguments: --max-step 5 (see damcha-hf --help)"
         ]
+
+
+def test_the_lazy_public_names_are_every_model_files_classes():
+    """`damcha_hf`'s lazy name table lists each model file's public classes once more: it must not drift from them."""
+    import importlib
+
+    import damcha_hf
+
+    for family in ("gpt2", "llama", "vit"):
+        for kind in ("configuration", "modeling"):
+            module = importlib.import_module(f"damcha_hf.modeling.{kind}_damcha_{family}")
+            exported = [name for name in module.__all__ if name != "DAMCHA_FAMILY" and "PreTrained" not in name]
+            for name in exported:
+                assert name in damcha_hf.__all__, f"{module.__name__}.{name} is not public in damcha_hf"
+                assert getattr(damcha_hf, name) is getattr(module, name)

@@ -14,6 +14,8 @@ Public API:
         DamchaLlamaForQuestionAnswering, DamchaLlamaForTokenClassification   (GQA too)
     DamchaViTConfig, DamchaViTModel, DamchaViTForImageClassification, DamchaViTForMaskedImageModeling
         (DamchaViTConfig.vit_small_patch16_224())
+    DamchaViTDenoiserConfig, DamchaViTDenoiserModel, DamchaViTDenoiserOutput   a diffusion noise predictor on the
+        DAMCHA ViT encoder (schedulers and sampling: damcha_hf.diffusion, `pip install damcha-hf[diffusion]`)
     convert_to_damcha(model, **metric_options)   an in-memory GPT-2, Llama or ViT model -> its DAMCHA counterpart
     save_hub_checkpoint, build_model_card, push_checkpoint   Hub export (damcha_hf.hub); write_metric_map (the C heatmap)
 """
@@ -31,6 +33,7 @@ _PUBLIC_MODULES = {
     "DamchaGPT2Config": ".modeling.configuration_damcha_gpt2",
     "DamchaLlamaConfig": ".modeling.configuration_damcha_llama",
     "DamchaViTConfig": ".modeling.configuration_damcha_vit",
+    "DamchaViTDenoiserConfig": ".modeling.configuration_damcha_vit_denoiser",
     **dict.fromkeys(
         (
             "DamchaGPT2Model",
@@ -56,6 +59,7 @@ _PUBLIC_MODULES = {
         ("DamchaViTModel", "DamchaViTForImageClassification", "DamchaViTForMaskedImageModeling"),
         ".modeling.modeling_damcha_vit",
     ),
+    **dict.fromkeys(("DamchaViTDenoiserModel", "DamchaViTDenoiserOutput"), ".modeling.modeling_damcha_vit_denoiser"),
     "convert_to_damcha": ".conversion",
     "save_hub_checkpoint": ".hub",
     "build_model_card": ".hub",

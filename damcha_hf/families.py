@@ -8,13 +8,17 @@ from .modeling.damcha_family import DamchaFamily
 from .modeling.modeling_damcha_gpt2 import DAMCHA_FAMILY as GPT2_FAMILY
 from .modeling.modeling_damcha_llama import DAMCHA_FAMILY as LLAMA_FAMILY
 from .modeling.modeling_damcha_vit import DAMCHA_FAMILY as VIT_FAMILY
+from .modeling.modeling_damcha_vit_denoiser import DAMCHA_FAMILY as VIT_DENOISER_FAMILY
 
 FAMILIES: tuple[DamchaFamily, ...] = (GPT2_FAMILY, LLAMA_FAMILY, VIT_FAMILY)
+# Architectures with no transformers class to convert from (the ViT denoiser): registered, saved, loaded as remote code
+# and given model cards like those above, but conversion and the stock-model contract do not apply to them.
+NATIVE_FAMILIES: tuple[DamchaFamily, ...] = (VIT_DENOISER_FAMILY,)
 
 
 def family_for_model_type(model_type: str | None) -> DamchaFamily | None:
     """The family of a stock (`"llama"`) or DAMCHA (`"damcha_llama"`) `model_type`, or None."""
-    return next((f for f in FAMILIES if model_type in (f.model_type, f.damcha_model_type)), None)
+    return next((f for f in (*FAMILIES, *NATIVE_FAMILIES) if model_type in (f.model_type, f.damcha_model_type)), None)
 
 
 def family_of(model_or_config) -> DamchaFamily:
@@ -24,6 +28,7 @@ def family_of(model_or_config) -> DamchaFamily:
     family = family_for_model_type(model_type)
     if family is None:
         supported = ", ".join(f"{f.model_type} / {f.damcha_model_type}" for f in FAMILIES)
+        supported += "".join(f", {f.damcha_model_type}" for f in NATIVE_FAMILIES)
         raise ValueError(f"{model_type!r} is not an architecture damcha_hf supports; supported: {supported}.")
     return family
 

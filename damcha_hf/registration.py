@@ -44,14 +44,14 @@ def auto_class_table() -> list[tuple[type, list[tuple[type, type]]]]:
     """(config class, [(auto class, model class), ...]) for every DAMCHA architecture, as the Hub export reads it."""
     import transformers
 
-    from .families import FAMILIES
+    from .families import FAMILIES, NATIVE_FAMILIES
 
     return [
         (
             family.config_class,
             [(getattr(transformers, head.auto_class), head.model_class) for head in family.heads if head.auto_class],
         )
-        for family in FAMILIES
+        for family in (*FAMILIES, *NATIVE_FAMILIES)
     ]
 
 

@@ -20,7 +20,9 @@ class DamchaHead:
     # maps to in transformers either (GPT2DoubleHeadsModel): it loads by its own class's `from_pretrained`.
     auto_class: str | None
     model_class: type  # the DAMCHA class, e.g. DamchaLlamaForCausalLM
-    stock_class: type  # the transformers class whose checkpoints (and in-memory models) convert to it exactly
+    # The transformers class whose checkpoints (and in-memory models) convert to it exactly; None for a head with no
+    # transformers counterpart (the ViT denoiser), which nothing converts to.
+    stock_class: type | None
     pipeline_tag: str | None = None  # the Hub card's pipeline tag of a checkpoint of this head (None: base model)
 
 

@@ -151,7 +151,7 @@ def test_the_lazy_public_names_are_every_model_files_classes():
 
     import damcha_hf
 
-    for family in ("gpt2", "llama", "vit"):
+    for family in ("gpt2", "llama", "vit", "vit_denoiser"):
         for kind in ("configuration", "modeling"):
             module = importlib.import_module(f"damcha_hf.modeling.{kind}_damcha_{family}")
             exported = [name for name in module.__all__ if name != "DAMCHA_FAMILY" and "PreTrained" not in name]

@@ -39,7 +39,7 @@ FRESH_PROCESS_LOADER = textwrap.dedent(
             if index == 0:
                 model.eval()
                 with torch.no_grad():
-                    report["logits"] = model(**inputs).logits
+                    report["logits"] = model(**inputs)[0]  # the logits (a denoiser: the predicted noise)
         reports.append(report)
     try:
         import damcha_hf  # noqa: F401

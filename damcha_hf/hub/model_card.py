@@ -57,7 +57,7 @@ def pipeline_tag_and_auto_class(model) -> tuple[str, str]:
     extractor."""
     name = type(model).__name__
     for head in model_family(model).heads:
-        if name in (head.model_class.__name__, head.stock_class.__name__) and head.pipeline_tag:
+        if name in (head.model_class.__name__, getattr(head.stock_class, "__name__", None)) and head.pipeline_tag:
             return head.pipeline_tag, head.auto_class
     if is_vision_model(model):
         return "image-feature-extraction", "AutoModel"

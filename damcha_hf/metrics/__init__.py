@@ -3,6 +3,7 @@
     damcha_hf.metrics.load_metric("accuracy")                      # ViT classification
     damcha_hf.metrics.load_metric("perplexity", "nll")             # GPT-2: exp(mean NLL)
     damcha_hf.metrics.load_metric("bits_per_byte", "nll")          # GPT-2: NLL in bits per UTF-8 byte
+    damcha_hf.metrics.load_metric("frechet_distance")              # diffusion: two sets of feature vectors
 
 Each is an `evaluate.Metric` subclass in `damcha_hf/metrics/<name>/<name>.py`, so `evaluate.load(metric_path(name))`
 loads it too. The `"logits"` config (default for perplexity and bits_per_byte) takes logits and labels; `"nll"` takes
@@ -11,7 +12,7 @@ summed negative log-likelihoods and the token / byte counts they cover.
 
 import os
 
-METRIC_NAMES = ("accuracy", "perplexity", "bits_per_byte")
+METRIC_NAMES = ("accuracy", "perplexity", "bits_per_byte", "frechet_distance")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 

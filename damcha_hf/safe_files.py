@@ -42,6 +42,7 @@ from pathlib import Path
 CARD_FILE = "README.md"
 LOSS_CURVE_FILE = "loss_curve.png"
 METRIC_HEATMAP_FILE = "metric_heatmap.png"
+SAMPLE_GRID_FILE = "sample_grid.png"
 CONFIG_FILES = ("config.json", "generation_config.json")
 PREPROCESSOR_FILES = (
     "tokenizer.json",

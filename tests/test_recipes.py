@@ -62,7 +62,9 @@ def trainer_state(folder) -> dict:
     return json.loads((Path(folder) / "trainer_state.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["train_gpt2", "train_gpt2_accelerate", "train_vit", "finetune_lora"])
+@pytest.mark.parametrize(
+    "name", ["train_gpt2", "train_gpt2_accelerate", "train_vit", "finetune_lora", "train_diffusion"]
+)
 def test_help_lists_every_metric_option(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
         load_recipe(name).parse_args(["--help"])

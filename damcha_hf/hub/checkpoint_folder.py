@@ -14,6 +14,7 @@ from ..safe_files import (
     CONFIG_FILES,
     LOSS_CURVE_FILE,
     METRIC_HEATMAP_FILE,
+    SAMPLE_GRID_FILE,
     apply_umask,
     atomic_write,
     check_checkpoint_folder,
@@ -42,6 +43,8 @@ def save_hub_checkpoint(
     overwrite: bool = False,
     extra_files: Mapping[str, str | bytes] | None = None,
     baseline_log_histories: Mapping[str, object] | None = None,
+    sample_grid: bytes | None = None,
+    sample_grid_description: str | None = None,
     **card_fields,
 ) -> Path:
     """Write a complete Hub checkpoint of `model` into `folder`, atomically, and return `folder`.
@@ -65,6 +68,8 @@ def save_hub_checkpoint(
         extra_files: `{file name: text or bytes}` written beside the checkpoint in the same atomic step (e.g. a
             run's results); the record lists them with the save's other files.
         baseline_log_histories: `{"MHA": log_history}` of models trained alongside: drawn in the loss curve too.
+        sample_grid: PNG bytes of images the model generated (a diffusion model's samples), written as
+            `sample_grid.png` and shown in the card with `sample_grid_description` (how they were sampled).
         card_fields: `log_source`, `comparison`, `notes` of `build_model_card`.
 
     Everything is written into a temporary folder beside `folder`, the record last, and renamed into place, so
@@ -106,6 +111,10 @@ def save_hub_checkpoint(
                 description=heatmap_description,
             )  # fmt: skip
             images["metric_heatmap"] = METRIC_HEATMAP_FILE
+        if sample_grid is not None:
+            atomic_write(staging / SAMPLE_GRID_FILE, sample_grid)
+            images["samples"] = SAMPLE_GRID_FILE
+            card_fields = {"samples_description": sample_grid_description, **card_fields}
         card = build_model_card(
             model,
             log_history=log_history,

@@ -57,6 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     group.add_argument("--num-heads", type=common.checks.positive_int, default=6, help="must divide --hidden-size")
     group.add_argument("--mlp-ratio", type=common.checks.positive_int, default=4)
     group.add_argument("--dropout", type=common.checks.probability, default=0.0)
+    parser.add_argument("--init-from", help="start from this denoiser checkpoint folder instead of a new model (its "
+                        "size; the --metric-* and --cross-head-variant flags given still apply: every variant starts "
+                        "as the checkpoint's function)")  # fmt: skip
     common.add_metric_arguments(parser)
     group = parser.add_argument_group("diffusion")
     group.add_argument("--num-train-timesteps", type=common.checks.positive_int, default=1000,
@@ -88,17 +91,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     quick = args.max_steps < common.QUICK_RUN_STEPS  # a smoke test: small grids, few sampling steps
     args.sample_steps = args.sample_steps or (QUICK_SAMPLE_STEPS if quick else 50)
     args.num_samples = args.num_samples or (QUICK_NUM_SAMPLES if quick else 64)
-    common.checks.check_heads_divide_width(parser, args.hidden_size, args.num_heads, width_flag="--hidden-size",
-                                           heads_flag="--num-heads")  # fmt: skip
+    if not args.init_from:  # a new model: its size flags must fit together
+        common.checks.check_heads_divide_width(parser, args.hidden_size, args.num_heads, width_flag="--hidden-size",
+                                               heads_flag="--num-heads")  # fmt: skip
     common.check_image_data(parser, args.data)
     if args.data == "fashion-mnist" and not os.path.isdir(args.fashion_mnist_dir):
         parser.error(f"--fashion-mnist-dir {args.fashion_mnist_dir} does not exist: on Debian/Ubuntu `apt-get install "
                      "dataset-fashion-mnist` puts the idx files in /usr/share/datasets/fashion-mnist; or pass the "
                      "folder that holds them, or --data an image folder")  # fmt: skip
     image_size = args.image_size or (28 if args.data == "fashion-mnist" else 64)
-    if image_size % args.patch_size:
+    if not args.init_from and image_size % args.patch_size:
         parser.error(f"--patch-size {args.patch_size} must divide the image size ({image_size}); pick a divisor, "
                      "or set --image-size to a multiple of it")  # fmt: skip
+    if args.init_from:
+        if not os.path.isdir(args.init_from):
+            parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
+        common.checks.check_output(parser, common.safe_files.check_checkpoint_files, args.init_from)
     if args.feature_classifier:
         if not os.path.isdir(args.feature_classifier):
             parser.error(f"--feature-classifier {args.feature_classifier}: no such checkpoint folder")
@@ -111,6 +119,18 @@ def build_model(args, channels: int, image_size: int):
 
     import damcha_hf
 
+    if args.init_from:
+        with common.safe_files.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
+            model = AutoModel.from_pretrained(args.init_from, attn_implementation=args.attn,
+                                              **common.metric_options(args))  # fmt: skip
+        if not isinstance(model, damcha_hf.DamchaViTDenoiserModel):
+            raise ValueError(f"--init-from {args.init_from} holds a {type(model).__name__}, not a ViT denoiser; pass a "
+                             "checkpoint of this recipe")  # fmt: skip
+        if (model.config.num_channels, model.config.image_size) != (channels, image_size):
+            raise ValueError(f"--init-from {args.init_from} takes {model.config.num_channels}-channel "
+                             f"{model.config.image_size}-pixel images but the data here are {channels}-channel "
+                             f"{image_size}-pixel; pass --image-size {model.config.image_size} or another checkpoint")  # fmt: skip
+        return model
     config = damcha_hf.DamchaViTDenoiserConfig(
         image_size=image_size,
         patch_size=args.patch_size,

@@ -5,7 +5,10 @@ arguments are refused at parse time."""
 
 import io
 import json
+import math
 import shutil
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +19,8 @@ from transformers import AutoModel
 
 import damcha_hf
 from damcha_hf import diffusion
+
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 TINY_ARGS = ["--image-size", "8", "--patch-size", "2", "--hidden-size", "16", "--num-layers", "1", "--num-heads", "2",
              "--metric-hidden-size", "4", "--batch-size", "8", "--max-steps", "6", "--save-steps", "3",
@@ -107,3 +112,43 @@ def test_an_earlier_run_is_refused_without_overwrite(tmp_path, image_folder, cap
         load_recipe("train_diffusion").parse_args([*TINY_ARGS, "--data", image_folder, "--output-dir",
                                                    str(tmp_path / "run")])  # fmt: skip
     assert "holds an earlier run" in capsys.readouterr().err
+
+
+def test_every_compared_method_starts_from_the_seeds_mha_denoiser(tmp_path):
+    """experiments/diffusion.py pairs methods by seed: each trains `--init-from` the seed's MHA denoiser, and at the
+    start every method computes exactly that denoiser's function."""
+    sys.path.insert(0, str(REPOSITORY))
+    from experiments import diffusion as comparison
+
+    args = comparison.parse_args(["--feature-classifier", str(tmp_path), "--runs-dir", str(tmp_path / "runs"),
+                                  "--hidden-size", "16", "--num-heads", "2", "--num-layers", "1"])  # fmt: skip
+    folder = comparison.initial_model(args, seed=3)
+    recipe = load_recipe("train_diffusion")
+    pixel_values, timestep = torch.randn(2, 1, 28, 28), torch.tensor([5, 700])
+    outputs = {}
+    for method, flags in comparison.METHODS.items():
+        recipe_args = recipe.parse_args(["--init-from", folder, *flags, "--output-dir", str(tmp_path / method)])
+        model = recipe.build_model(recipe_args, channels=1, image_size=28).eval()
+        assert model.config.cross_head_variant == flags[1]
+        with torch.no_grad():
+            outputs[method] = model(pixel_values, timestep).sample
+    for method in ("DAMCHA", "DCMHA"):
+        torch.testing.assert_close(outputs[method], outputs["MHA"], rtol=0, atol=1e-6)
+
+
+def test_the_comparison_summary_is_the_paired_statistics_of_the_runs():
+    sys.path.insert(0, str(REPOSITORY))
+    from experiments import diffusion as comparison
+
+    def run(fcd, mse):
+        return {"metrics": {"fcd": fcd, "mse": mse}}
+
+    records = {"MHA": {0: run(10.0, 0.20), 1: run(12.0, 0.22), 2: run(11.0, 0.21)},
+               "DAMCHA": {0: run(9.0, 0.19), 1: run(11.5, 0.22), 2: run(9.5, 0.20)}}  # fmt: skip
+    summary = comparison.summarize(records)
+    differences = [-1.0, -0.5, -1.5]
+    against = summary["against_mha"]["DAMCHA"]["fcd"]
+    assert against["mean"] == pytest.approx(-1.0) and against["per_seed"] == pytest.approx(differences)
+    assert against["se"] == pytest.approx(0.5 / math.sqrt(3))
+    assert against["high"] == pytest.approx(-1.0 + 4.302652729911275 * 0.5 / math.sqrt(3))  # t(0.975, 2 d.o.f.)
+    assert summary["per_method"]["MHA"]["mse"]["mean"] == pytest.approx(0.21)

@@ -13,7 +13,7 @@ resumes where it stopped. Writes `<out>` (every number, per seed) after each run
 
     python recipes/train_vit.py --cross-head-variant none --hidden-size 64 --num-layers 4 --num-heads 4 \\
         --max-steps 800 --output-dir runs/fcd-classifier
-    python experiments/diffusion.py --feature-classifier runs/fcd-classifier/final --seeds 0 1 2 --max-steps 800
+    python experiments/diffusion.py --feature-classifier runs/fcd-classifier/final --seeds 0 1 2 --max-steps 500
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--feature-classifier", required=True, help="the FCD's ViT classifier checkpoint folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", choices=tuple(METHODS), default=list(METHODS))
-    parser.add_argument("--max-steps", type=int, default=800)
+    parser.add_argument("--max-steps", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--hidden-size", type=int, default=64)

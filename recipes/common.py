@@ -814,6 +814,38 @@ def add_image_data_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-augment", action="store_true", help="no random crop / flip of training images")
 
 
+# The ViT size flags of a new model and the config fields they set (checked against the checkpoint on --resume).
+VIT_MODEL_FLAGS = {"patch_size": "patch_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+                   "num_heads": "num_attention_heads", **{field: field for field in METRIC_FIELDS}}  # fmt: skip
+
+
+def add_vit_size_arguments(parser: argparse.ArgumentParser) -> None:
+    """The size of a new ViT (classifier or denoiser): patch, width, depth, heads, MLP ratio, dropout."""
+    group = parser.add_argument_group("model size (new models)")
+    group.add_argument("--patch-size", type=checks.positive_int, default=4)
+    group.add_argument("--hidden-size", type=checks.positive_int, default=192)
+    group.add_argument("--num-layers", type=checks.positive_int, default=6)
+    group.add_argument("--num-heads", type=checks.positive_int, default=6, help="must divide --hidden-size")
+    group.add_argument("--mlp-ratio", type=checks.positive_int, default=4)
+    group.add_argument("--dropout", type=checks.probability, default=0.0)
+
+
+def vit_config_options(args: argparse.Namespace, channels: int, image_size: int) -> dict:
+    """The ViT config fields of the size and metric flags (`add_vit_size_arguments`, `add_metric_arguments`)."""
+    return {
+        "image_size": image_size,
+        "patch_size": args.patch_size,
+        "num_channels": channels,
+        "hidden_size": args.hidden_size,
+        "num_hidden_layers": args.num_layers,
+        "num_attention_heads": args.num_heads,
+        "intermediate_size": args.mlp_ratio * args.hidden_size,
+        "hidden_dropout_prob": args.dropout,
+        "attention_probs_dropout_prob": args.dropout,
+        **metric_options(args),
+    }
+
+
 def check_causal_metric_context(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """A language model is causal: `--metric-context sequence` would let each token see the future."""
     if getattr(args, "metric_context", None) == "sequence":

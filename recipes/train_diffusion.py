@@ -32,9 +32,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # standard library only: torch, transformers and diffusers are imported after the arguments are parsed
 
-# Flags of a new model and the config fields they set: checked against the checkpoint on --resume.
-MODEL_FLAGS = {"patch_size": "patch_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
-               "num_heads": "num_attention_heads", **{field: field for field in common.METRIC_FIELDS}}  # fmt: skip
 SCHEDULE_FLAGS = {"num_train_timesteps": "num_train_timesteps", "beta_schedule": "beta_schedule"}
 BETA_SCHEDULES = ("linear", "squaredcos_cap_v2")
 SCHEDULER_CONFIG = "scheduler_config.json"  # diffusers' file name: DDIMScheduler.from_pretrained(folder) reads it
@@ -50,13 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_image_data_arguments(parser)
     # Random crops would teach the model the crops' reflected borders: a denoiser is augmented by flips only.
     parser._option_string_actions["--no-augment"].help = "no random left-right flips of training images"
-    group = parser.add_argument_group("model size (new models)")
-    group.add_argument("--patch-size", type=common.checks.positive_int, default=4)
-    group.add_argument("--hidden-size", type=common.checks.positive_int, default=192)
-    group.add_argument("--num-layers", type=common.checks.positive_int, default=6)
-    group.add_argument("--num-heads", type=common.checks.positive_int, default=6, help="must divide --hidden-size")
-    group.add_argument("--mlp-ratio", type=common.checks.positive_int, default=4)
-    group.add_argument("--dropout", type=common.checks.probability, default=0.0)
+    common.add_vit_size_arguments(parser)
     parser.add_argument("--init-from", help="start from this denoiser checkpoint folder instead of a new model (its "
                         "size; the --metric-* and --cross-head-variant flags given still apply: every variant starts "
                         "as the checkpoint's function)")  # fmt: skip
@@ -131,18 +122,7 @@ def build_model(args, channels: int, image_size: int):
                              f"{model.config.image_size}-pixel images but the data here are {channels}-channel "
                              f"{image_size}-pixel; pass --image-size {model.config.image_size} or another checkpoint")  # fmt: skip
         return model
-    config = damcha_hf.DamchaViTDenoiserConfig(
-        image_size=image_size,
-        patch_size=args.patch_size,
-        num_channels=channels,
-        hidden_size=args.hidden_size,
-        num_hidden_layers=args.num_layers,
-        num_attention_heads=args.num_heads,
-        intermediate_size=args.mlp_ratio * args.hidden_size,
-        hidden_dropout_prob=args.dropout,
-        attention_probs_dropout_prob=args.dropout,
-        **common.metric_options(args),
-    )
+    config = damcha_hf.DamchaViTDenoiserConfig(**common.vit_config_options(args, channels, image_size))
     config._attn_implementation = args.attn
     return AutoModel.from_config(config)
 
@@ -229,7 +209,7 @@ def main(argv=None) -> dict:
     resume = common.resolve_resume(args.resume, args.output_dir)
     load_state = common.check_resume_state(args, resume, common.TRAINER_RESUME_STATE)
     if resume:
-        common.check_resume_settings(args, resume, MODEL_FLAGS, common.saved_model_config(resume))
+        common.check_resume_settings(args, resume, common.VIT_MODEL_FLAGS, common.saved_model_config(resume))
         common.check_resume_settings(args, resume, SCHEDULE_FLAGS, saved_schedule(resume))
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
     common.check_push(args)

@@ -22,21 +22,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # standard library only: torch and transformers are imported after the arguments are parsed
 
-# Flags of a new model and the config fields they set: checked against the checkpoint on --resume.
-VIT_MODEL_FLAGS = {"patch_size": "patch_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
-                   "num_heads": "num_attention_heads", **{field: field for field in common.METRIC_FIELDS}}  # fmt: skip
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = common.checks.ArgumentParser(description=__doc__, formatter_class=common.checks.HelpFormatter)
     common.add_image_data_arguments(parser)
-    group = parser.add_argument_group("model size (new models)")
-    group.add_argument("--patch-size", type=common.checks.positive_int, default=4)
-    group.add_argument("--hidden-size", type=common.checks.positive_int, default=192)
-    group.add_argument("--num-layers", type=common.checks.positive_int, default=6)
-    group.add_argument("--num-heads", type=common.checks.positive_int, default=6, help="must divide --hidden-size")
-    group.add_argument("--mlp-ratio", type=common.checks.positive_int, default=4)
-    group.add_argument("--dropout", type=common.checks.probability, default=0.0)
+    common.add_vit_size_arguments(parser)
     parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model")
     common.add_metric_arguments(parser)
     common.add_training_arguments(parser, output_dir="runs/vit-{settings}", batch_size=64, learning_rate=1e-3,
@@ -72,18 +62,7 @@ def build_model(args, labels, channels, image_size):
                 **label_maps,
             )  # fmt: skip
     config = damcha_hf.DamchaViTConfig(
-        image_size=image_size,
-        patch_size=args.patch_size,
-        num_channels=channels,
-        hidden_size=args.hidden_size,
-        num_hidden_layers=args.num_layers,
-        num_attention_heads=args.num_heads,
-        intermediate_size=args.mlp_ratio * args.hidden_size,
-        hidden_dropout_prob=args.dropout,
-        attention_probs_dropout_prob=args.dropout,
-        num_labels=len(labels),
-        **label_maps,
-        **common.metric_options(args),
+        **common.vit_config_options(args, channels, image_size), num_labels=len(labels), **label_maps
     )
     config._attn_implementation = args.attn
     return AutoModelForImageClassification.from_config(config)
@@ -95,7 +74,7 @@ def main(argv=None) -> dict:
     resume = common.resolve_resume(args.resume, args.output_dir)
     load_state = common.check_resume_state(args, resume, common.TRAINER_RESUME_STATE)
     if resume:
-        common.check_resume_settings(args, resume, VIT_MODEL_FLAGS, common.saved_model_config(resume))
+        common.check_resume_settings(args, resume, common.VIT_MODEL_FLAGS, common.saved_model_config(resume))
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
     common.check_push(args)
 

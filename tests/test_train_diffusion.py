@@ -30,13 +30,15 @@ TINY_ARGS = ["--image-size", "8", "--patch-size", "2", "--hidden-size", "16", "-
 
 @pytest.fixture(scope="module")
 def image_folder(tmp_path_factory) -> str:
+    """Two classes of 8x8 grey images, dark and bright."""
     root = tmp_path_factory.mktemp("images")
     rng = np.random.default_rng(0)
     for label, level in (("dark", 40), ("bright", 210)):
         (root / label).mkdir()
         for i in range(12):
-            pixels = np.clip(rng.normal(level, 20, (8, 8)), 0, 255).astype(np.uint8)
-            Image.fromarray(pixels).save(root / label / f"{i}.png")
+            Image.fromarray(np.clip(rng.normal(level, 20, (8, 8)), 0, 255).astype(np.uint8)).save(
+                root / label / f"{i}.png"
+            )
     return str(root)
 
 

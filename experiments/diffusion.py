@@ -46,6 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--image-size", type=int, default=28, help="the data's (resized) image size")
+    parser.add_argument("--channels", type=int, default=1, help="the data's channels: 1 (grey) or 3 (colour)")
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--num-heads", type=int, default=4)
@@ -73,7 +75,7 @@ def initial_model(args, seed: int) -> str:
 
     torch.manual_seed(seed)
     config = damcha_hf.DamchaViTDenoiserConfig(
-        image_size=28, patch_size=args.patch_size, num_channels=1, hidden_size=args.hidden_size,
+        image_size=args.image_size, patch_size=args.patch_size, num_channels=args.channels, hidden_size=args.hidden_size,
         num_hidden_layers=args.num_layers, num_attention_heads=args.num_heads, intermediate_size=4 * args.hidden_size,
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, cross_head_variant="none",
         metric_hidden_size=args.metric_hidden_size,
@@ -89,7 +91,8 @@ def run(args, method: str, seed: int) -> dict:
         import train_diffusion
 
         train_diffusion.main([
-            "--init-from", initial_model(args, seed), *METHODS[method], "--seed", str(seed),
+            "--init-from", initial_model(args, seed), *METHODS[method], "--seed", str(seed), "--image-size",
+            str(args.image_size),
             "--metric-hidden-size", str(args.metric_hidden_size), "--max-steps", str(args.max_steps),
             "--batch-size", str(args.batch_size), "--learning-rate", str(args.learning_rate),
             "--sample-steps", str(args.sample_steps), "--feature-classifier", args.feature_classifier,
@@ -104,7 +107,7 @@ def run(args, method: str, seed: int) -> dict:
     from safetensors import safe_open
 
     with safe_open(os.path.join(output_dir, "final", "model.safetensors"), "pt") as weights:
-        parameters = sum(_numel(weights, name) for name in weights)
+        parameters = sum(_numel(weights, name) for name in weights.keys())  # noqa: SIM118 (safe_open is not iterable)
     return {"metrics": {key.removeprefix("eval_"): value for key, value in results.items() if key.startswith("eval_")},
             "train_loss": results.get("train_loss"), "global_step": results.get("global_step"),
             "parameters": parameters, "cross_head_variant": config.get("cross_head_variant"),

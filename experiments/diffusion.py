@@ -34,11 +34,14 @@ METHODS = {  # name -> the recipe's attention flags
     "MHA": ["--cross-head-variant", "none"],
     "DAMCHA": ["--cross-head-variant", "damcha", "--metric-context", "sequence"],
     "DCMHA": ["--cross-head-variant", "dcmha"],
+    # The capacity control: MHA with a wider MLP (--wide-mlp-size), as many parameters as DCMHA within a few hundred.
+    "MHA-wide": ["--cross-head-variant", "none"],
 }
+CONTROLS = {"MHA-wide": "DCMHA"}  # control -> the method it matches in parameters
 METRICS = ("fcd", "mse", "mse_t000-249", "mse_t250-499", "mse_t500-749", "mse_t750-999")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--feature-classifier", required=True, help="the FCD's ViT classifier checkpoint folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -53,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--patch-size", type=int, default=4)
     parser.add_argument("--metric-hidden-size", type=int, default=16)
+    parser.add_argument("--wide-mlp-size", type=int, default=304,
+                        help="MLP width of the MHA-wide control (304: DCMHA's parameter count at the default size)")  # fmt: skip
     parser.add_argument("--sample-steps", type=int, default=20, help="DDIM steps per sample")
     parser.add_argument("--fcd-samples", type=int, default=500, help="generated and held-out images for the FCD")
     parser.add_argument("--threads", type=int, default=1)
@@ -60,12 +65,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default="experiments/diffusion-fashion-mnist/results.json")
     parser.add_argument("--recipe-args", nargs=argparse.REMAINDER, default=[],
                         help="further train_diffusion.py flags for every run (last on the line)")  # fmt: skip
-    return parser.parse_args(argv)
+    return parser
 
 
-def initial_model(args, seed: int) -> str:
-    """The seed's MHA denoiser, saved once: every method of the seed starts from it."""
-    folder = os.path.join(args.runs_dir, f"init-seed{seed}")
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def initial_model(args, seed: int, mlp_size: int | None = None) -> str:
+    """The seed's MHA denoiser, saved once: every method of the seed starts from it (the MHA-wide control from one with
+    a `mlp_size` MLP, built from the same seed)."""
+    mlp_size = mlp_size or 4 * args.hidden_size
+    suffix = "" if mlp_size == 4 * args.hidden_size else f"-mlp{mlp_size}"
+    folder = os.path.join(args.runs_dir, f"init-seed{seed}{suffix}")
     if os.path.isfile(os.path.join(folder, "config.json")):
         return folder
     import torch
@@ -76,7 +88,7 @@ def initial_model(args, seed: int) -> str:
     torch.manual_seed(seed)
     config = damcha_hf.DamchaViTDenoiserConfig(
         image_size=args.image_size, patch_size=args.patch_size, num_channels=args.channels, hidden_size=args.hidden_size,
-        num_hidden_layers=args.num_layers, num_attention_heads=args.num_heads, intermediate_size=4 * args.hidden_size,
+        num_hidden_layers=args.num_layers, num_attention_heads=args.num_heads, intermediate_size=mlp_size,
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, cross_head_variant="none",
         metric_hidden_size=args.metric_hidden_size,
     )  # fmt: skip
@@ -91,7 +103,8 @@ def run(args, method: str, seed: int) -> dict:
         import train_diffusion
 
         train_diffusion.main([
-            "--init-from", initial_model(args, seed), *METHODS[method], "--seed", str(seed), "--image-size",
+            "--init-from", initial_model(args, seed, args.wide_mlp_size if method in CONTROLS else None),
+            *METHODS[method], "--seed", str(seed), "--image-size",
             str(args.image_size),
             "--metric-hidden-size", str(args.metric_hidden_size), "--max-steps", str(args.max_steps),
             "--batch-size", str(args.batch_size), "--learning-rate", str(args.learning_rate),
@@ -121,26 +134,33 @@ def _numel(weights, name: str) -> int:
     return count
 
 
+def paired_against(records: dict, method: str, reference: str) -> dict:
+    seeds = sorted(set(records[method]) & set(records[reference]))
+    return {
+        metric: paired_statistics(
+            [records[method][seed]["metrics"][metric] - records[reference][seed]["metrics"][metric] for seed in seeds]
+        )
+        for metric in METRICS
+        if seeds and all(metric in records[reference][seed]["metrics"] for seed in seeds)
+    }
+
+
 def summarize(records: dict) -> dict:
-    """Per method: mean ± SE over seeds; per method against MHA: paired differences with t-intervals."""
-    summary = {"per_method": {}, "against_mha": {}}
+    """Per method: mean ± SE over seeds; per method against MHA (and a method against its capacity control): paired
+    differences with t-intervals."""
+    summary = {"per_method": {}, "against_mha": {}, "against_control": {}}
     for method, by_seed in records.items():
         summary["per_method"][method] = {
             metric: paired_statistics([run["metrics"][metric] for run in by_seed.values() if metric in run["metrics"]])
             for metric in METRICS
             if sum(metric in run["metrics"] for run in by_seed.values()) >= 1
         }
-    for method, by_seed in records.items():
-        if method == "MHA" or "MHA" not in records:
-            continue
-        seeds = sorted(set(by_seed) & set(records["MHA"]))
-        summary["against_mha"][method] = {
-            metric: paired_statistics(
-                [by_seed[seed]["metrics"][metric] - records["MHA"][seed]["metrics"][metric] for seed in seeds]
-            )
-            for metric in METRICS
-            if seeds and all(metric in records["MHA"][seed]["metrics"] for seed in seeds)
-        }
+    for method in records:
+        if method != "MHA" and "MHA" in records:
+            summary["against_mha"][method] = paired_against(records, method, "MHA")
+    for control, method in CONTROLS.items():
+        if control in records and method in records:
+            summary["against_control"][f"{method} minus {control}"] = paired_against(records, method, control)
     return summary
 
 
@@ -161,13 +181,15 @@ def tables(summary: dict) -> str:
             for method, stats in summary["per_method"].items()]  # fmt: skip
     text = format_table(["method", "FCD (mean ± SE)", "held-out MSE (mean ± SE)"], rows)
     rows = []
-    for method, stats in summary["against_mha"].items():
+    comparisons = {f"{method} minus MHA": stats for method, stats in summary["against_mha"].items()}
+    comparisons.update(summary.get("against_control", {}))
+    for method, stats in comparisons.items():
         for metric in METRICS:
             if metric in stats:
                 s = stats[metric]
                 rows.append([method, metric, f"{s['mean']:+.4f}", f"{s['se']:.4f}" if s["se"] is not None else "n/a",
                              interval(s), f"{s['agree_in_sign']}/{s['n']}"])  # fmt: skip
-    return text + "\n\n" + format_table(["method", "metric", "minus MHA", "SE", "95% t-interval", "seeds agreeing"],
+    return text + "\n\n" + format_table(["comparison", "metric", "mean difference", "SE", "95% t-interval", "seeds agreeing"],
                                         rows)  # fmt: skip
 
 

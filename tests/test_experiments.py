@@ -688,7 +688,7 @@ def test_speed_summarize_recomputes_verdicts_from_a_json(tmp_path, capsys):
     assert target["step_ratio_verdict"] == "resolved: below 1.2"
 
 
-@pytest.mark.parametrize("script", ["quality", "speed", "decode_layer", "construction"])
+@pytest.mark.parametrize("script", ["quality", "speed", "decode_layer", "construction", "diffusion"])
 def test_help_answers_without_loading_torch(script):
     """Every script parses its arguments before importing torch or transformers: building its parser in a fresh
     interpreter leaves them unloaded, and `--help` prints the usage."""

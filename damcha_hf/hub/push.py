@@ -61,8 +61,8 @@ def checked_file(folder: Path, name: str) -> Path | None:
     resolved = path.resolve()
     if folder.resolve() not in resolved.parents:
         raise HubPushError(
-            f"{name} in {folder} is a symbolic link to {resolved}, outside the checkpoint folder; replace it with the "
-            "file itself (a push uploads only files inside the folder)."
+            f"{name} in {folder} is a symbolic link (or lies in a linked folder) to {resolved}, outside the checkpoint "
+            "folder; replace it with the file itself (a push uploads only files inside the folder)."
         )
     if not resolved.is_file():
         raise HubPushError(f"{name} in {folder} is not a regular file; remove it or replace it with the file.")

@@ -189,7 +189,10 @@ DAMCHA_FAMILY = DamchaFamily(
             "text-classification",
         ),
         DamchaHead(
-            "AutoModelForQuestionAnswering", DamchaBartForQuestionAnswering, BartForQuestionAnswering, "question-answering"
+            "AutoModelForQuestionAnswering",
+            DamchaBartForQuestionAnswering,
+            BartForQuestionAnswering,
+            "question-answering",
         ),
         DamchaHead("AutoModelForCausalLM", DamchaBartForCausalLM, BartForCausalLM, "text-generation"),
     ),

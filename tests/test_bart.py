@@ -114,7 +114,7 @@ def test_every_attention_equals_the_naive_per_head_pair_reference(variant):
         metric = (decoder if layer.is_decoder else encoder).cross_head_metric
         expected = naive_attention(layer, x, source, kwargs.get("attention_mask"), metric, mask)
         torch.testing.assert_close(output[0], expected, rtol=1e-4, atol=1e-5)
-        checked.append(("cross" if source is not None else "decoder" if layer.is_decoder else "encoder"))
+        checked.append("cross" if source is not None else "decoder" if layer.is_decoder else "encoder")
 
     layers = [module for module in model.modules() if isinstance(module, DamchaBartAttention)]
     handles = [layer.register_forward_hook(check, with_kwargs=True) for layer in layers]

@@ -96,10 +96,10 @@ def cross_attention_source_cached(cache, layer_idx: int) -> bool:
     return source_cache is not None and source_cache.filled
 
 
-def metric_generator_index(module: nn.Module) -> int:
-    """Which generator of its stack's `CrossHeadMetric` a layer uses: the one it was given at conversion
-    (`metric_generator_index`), else its layer index (one generator per layer) or 0 (one per stack)."""
-    index = getattr(module, "metric_generator_index", None)
+def metric_layer_index(module: nn.Module) -> int:
+    """The layer index a layer calls its stack's `CrossHeadMetric` with: the one it was given at conversion
+    (`metric_layer_index`, an encoder-decoder's cross-attention layers), else its own (0 when it has none)."""
+    index = getattr(module, "metric_layer_index", None)
     return index if index is not None else module.layer_idx or 0
 
 
@@ -205,11 +205,11 @@ def cross_head_attention(
                 "the whole sequence and would let each token see later ones; set `config.metric_context = 'token'` "
                 "(or 'query') on this model."
             )
-        generator_index = metric_generator_index(module)
+        metric_layer = metric_layer_index(module)
         if scores_form:
             mixing = MetricScoreMixing(
                 metric,
-                layer_idx=generator_index,
+                layer_idx=metric_layer,
                 metric_context=metric_context,
                 metric_mask=config.metric_mask,
                 num_key_value_heads=(key if key is not None else value).shape[1],
@@ -219,14 +219,14 @@ def cross_head_attention(
             check_attention_backend(metric_context, attn_implementation)
             if key_states is None:  # cached source keys are mixed already; "query" still expands the new queries
                 if metric_context == "query":
-                    query = expanded_query(query, metric(hidden_states, generator_index, config.metric_mask))
+                    query = expanded_query(query, metric(hidden_states, metric_layer, config.metric_mask))
             else:
                 query, key = cross_head_query_key(
                     query,
                     key,
                     hidden_states,
                     metric,
-                    layer_idx=generator_index,
+                    layer_idx=metric_layer,
                     metric_context=metric_context,
                     metric_mask=config.metric_mask,
                     token_mask=token_mask,

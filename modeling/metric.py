@@ -147,8 +147,8 @@ class CrossHeadMetric(nn.Module):
 
     Holds one generator per stack (`metric_sharing="stack"`) or one per layer (`"layer"`). It is a single module so
     that PEFT's `modules_to_save=["cross_head_metric"]` trains every generator of a model in full. The attention
-    core calls it as `metric(z, layer_idx, metric_mask)` for every layer, so a forward hook on it sees each layer's
-    `C`.
+    core calls it as `metric(z, layer_idx, metric_mask)` for every layer (an encoder-decoder's cross-attention layer
+    `i` as layer `L + i` of its decoder), so a forward hook on it sees each layer's `C`.
     """
 
     def __init__(
@@ -158,10 +158,15 @@ class CrossHeadMetric(nn.Module):
         metric_hidden_size: int,
         num_generators: int = 1,
         num_key_value_heads: int | None = None,
+        layer_generators: tuple[int, ...] | None = None,
     ):
         super().__init__()
         self.num_heads = num_heads
         self.num_key_value_heads = num_key_value_heads or num_heads
+        # Which generator each calling layer uses, where that is not simply its index (one generator per layer) or 0
+        # (one per stack): an encoder-decoder's decoder calls it from its self-attention layers `0..L-1` and its
+        # cross-attention layers `L..2L-1`, which may have generators of their own.
+        self.layer_generators = layer_generators
         self.generators = nn.ModuleList(
             MetricGenerator(hidden_size, num_heads, metric_hidden_size, self.num_key_value_heads)
             for _ in range(num_generators)
@@ -185,7 +190,10 @@ class CrossHeadMetric(nn.Module):
         """`z`: (..., d) -> `C`: (..., H, H_kv)."""
         # The ModuleList's own dict: `self.generators[i]` and `len()` cost microseconds of Python per layer and step.
         generators = self._modules["generators"]._modules
-        generator = generators[str(layer_idx)] if len(generators) > 1 else generators["0"]
+        if self.layer_generators is not None:
+            generator = generators[str(self.layer_generators[layer_idx])]
+        else:
+            generator = generators[str(layer_idx)] if len(generators) > 1 else generators["0"]
         flat_identity = self.flat_identity(z)
         if metric_mask == "full":
             return generator.offsets(z, flat_identity)

@@ -57,12 +57,10 @@ class DamchaBartAttention(DamchaAttentionMixin, BartAttention):
     @classmethod
     def adopt_stock_layer(cls, module, config, layer_index: int) -> None:
         super().adopt_stock_layer(module, config, layer_index)
-        # The decoder's generators: its self-attention layers' first, then (under "own") its cross-attention layers'.
-        per_layer = config.metric_sharing == "layer"
-        index = module.layer_idx if per_layer else 0
-        if is_cross_attention_layer(module) and config.cross_attention_metric == "own":
-            index += config.decoder_layers if per_layer else 1
-        module.metric_generator_index = index
+        # The decoder's metric serves its self-attention layers as layers 0..L-1 and its cross-attention as L..2L-1.
+        module.metric_layer_index = module.layer_idx + (
+            config.decoder_layers if is_cross_attention_layer(module) else 0
+        )
 
     def forward(
         self,
@@ -143,11 +141,14 @@ class DamchaBartDecoder(DamchaBartPreTrainedModel, BartDecoder):
     def stack_cross_head_metric(cls, config) -> CrossHeadMetric | None:
         if config.cross_head_variant != "damcha":
             return None
-        generators = config.decoder_layers if config.metric_sharing == "layer" else 1
-        if config.cross_attention_metric == "own":
-            generators *= 2
+        layers = config.decoder_layers
+        self_attention = list(range(layers)) if config.metric_sharing == "layer" else [0] * layers
+        own = config.cross_attention_metric == "own"
+        cross_attention = [index + max(self_attention) + 1 for index in self_attention] if own else self_attention
         heads = config.decoder_attention_heads
-        return CrossHeadMetric(config.d_model, heads, config.metric_hidden_size, generators, heads)
+        generators = len(set(self_attention + cross_attention))
+        return CrossHeadMetric(config.d_model, heads, config.metric_hidden_size, generators, heads,
+                               layer_generators=tuple(self_attention + cross_attention))  # fmt: skip
 
 
 class DamchaBartModel(DamchaBartPreTrainedModel, BartModel):

@@ -80,7 +80,7 @@ def naive_attention(layer, x, source, additive_mask, metric, source_mask):
     context = config.metric_context if layer.is_decoder else (config.encoder_metric_context or config.metric_context)
     per_layer = config.metric_sharing == "layer"
     index = layer.layer_idx if per_layer else 0
-    if cross and config.cross_attention_metric == "own":
+    if cross and config.cross_attention_metric == "own":  # after the self-attention layers' generators
         index += config.decoder_layers if per_layer else 1
     if context == "token":
         c = naive_metric(metric, index, source, config.metric_mask)[:, None]  # (b, 1, s, H, H): per key
@@ -233,3 +233,22 @@ def test_the_encoder_takes_sequence_while_the_decoder_is_causal():
     config = damcha_hf.DamchaBartConfig(**tiny_bart_config().to_dict(), encoder_metric_context="sequence")
     assert (config.encoder_context, config.metric_context) == ("sequence", "token")
     assert damcha_hf.DamchaBartConfig(**tiny_bart_config().to_dict()).encoder_context == "token"
+
+
+# --- inspect ----------------------------------------------------------------------------------------------------------
+
+
+def test_the_metric_map_names_each_stack_and_gives_the_cross_attention_its_own_matrices():
+    from damcha_hf.metric_map import compute_metric_map
+
+    model = trained_bart(metric_context="token", cross_attention_metric="own")
+    ids = source_batch()[0][:1]
+    metric_map = compute_metric_map(model, {"input_ids": ids})
+    assert metric_map.layer_names == ["encoder 0", "encoder 1", "decoder 0", "decoder 1",
+                                      "cross-attention 0", "cross-attention 1"]  # fmt: skip
+    with torch.no_grad():  # "token" cross-attention: C of each source token, from the cross-attention's generator (1)
+        source = model.get_encoder()(input_ids=ids).last_hidden_state[0]
+        expected = naive_metric(model.model.decoder.cross_head_metric, 1, source, "full").mean(0)
+    for name in ("cross-attention 0", "cross-attention 1"):
+        torch.testing.assert_close(metric_map.matrices[metric_map.layer_names.index(name)], expected)
+    assert metric_map.tokens_seen == [ids.shape[1]] * 6

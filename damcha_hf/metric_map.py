@@ -111,7 +111,7 @@ def text_inputs(model, texts: Sequence[str], tokenizer=None, max_tokens: int = D
     inputs = []
     for text in texts:
         if tokenizer is not None:
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = tokenizer(text, add_special_tokens=False, truncation=True, max_length=limit)["input_ids"]
         else:
             ids = [byte % config.vocab_size for byte in text.encode("utf-8")]
         if ids:

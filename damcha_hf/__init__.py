@@ -14,7 +14,9 @@ Public API:
         DamchaLlamaForQuestionAnswering, DamchaLlamaForTokenClassification   (GQA too)
     DamchaViTConfig, DamchaViTModel, DamchaViTForImageClassification, DamchaViTForMaskedImageModeling
         (DamchaViTConfig.vit_small_patch16_224())
-    convert_to_damcha(model, **metric_options)   an in-memory GPT-2, Llama or ViT model -> its DAMCHA counterpart
+    DamchaBartConfig, DamchaBartModel, DamchaBartForConditionalGeneration, DamchaBartForSequenceClassification,
+        DamchaBartForQuestionAnswering, DamchaBartForCausalLM   (encoder-decoder; DamchaBartConfig.bart_base())
+    convert_to_damcha(model, **metric_options)   an in-memory GPT-2, Llama, ViT or BART model -> its DAMCHA counterpart
     save_hub_checkpoint, build_model_card, push_checkpoint   Hub export (damcha_hf.hub); write_metric_map (the C heatmap)
 """
 
@@ -31,6 +33,7 @@ _PUBLIC_MODULES = {
     "DamchaGPT2Config": ".modeling.configuration_damcha_gpt2",
     "DamchaLlamaConfig": ".modeling.configuration_damcha_llama",
     "DamchaViTConfig": ".modeling.configuration_damcha_vit",
+    "DamchaBartConfig": ".modeling.configuration_damcha_bart",
     **dict.fromkeys(
         (
             "DamchaGPT2Model",
@@ -55,6 +58,16 @@ _PUBLIC_MODULES = {
     **dict.fromkeys(
         ("DamchaViTModel", "DamchaViTForImageClassification", "DamchaViTForMaskedImageModeling"),
         ".modeling.modeling_damcha_vit",
+    ),
+    **dict.fromkeys(
+        (
+            "DamchaBartModel",
+            "DamchaBartForConditionalGeneration",
+            "DamchaBartForSequenceClassification",
+            "DamchaBartForQuestionAnswering",
+            "DamchaBartForCausalLM",
+        ),
+        ".modeling.modeling_damcha_bart",
     ),
     "convert_to_damcha": ".conversion",
     "save_hub_checkpoint": ".hub",

@@ -5,11 +5,12 @@ instead of keeping their own per-architecture tables; adding an architecture add
 """
 
 from .modeling.damcha_family import DamchaFamily
+from .modeling.modeling_damcha_bart import DAMCHA_FAMILY as BART_FAMILY
 from .modeling.modeling_damcha_gpt2 import DAMCHA_FAMILY as GPT2_FAMILY
 from .modeling.modeling_damcha_llama import DAMCHA_FAMILY as LLAMA_FAMILY
 from .modeling.modeling_damcha_vit import DAMCHA_FAMILY as VIT_FAMILY
 
-FAMILIES: tuple[DamchaFamily, ...] = (GPT2_FAMILY, LLAMA_FAMILY, VIT_FAMILY)
+FAMILIES: tuple[DamchaFamily, ...] = (GPT2_FAMILY, LLAMA_FAMILY, VIT_FAMILY, BART_FAMILY)
 
 
 def family_for_model_type(model_type: str | None) -> DamchaFamily | None:

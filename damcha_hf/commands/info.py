@@ -11,6 +11,7 @@ PRESET_DESCRIPTIONS = {
     "gpt2-small": "(default)",
     "tinyllama": "(TinyLlama-1.1B, GQA 32/4 heads)",
     "vit-small": "(ViT-S/16, 224px, 1000 classes)",
+    "bart-base": "(encoder-decoder, 6+6 layers, width 768)",
 }
 PRESETS = tuple(PRESET_DESCRIPTIONS)
 PRESET_HELP = ", ".join(f"{name} {description}" for name, description in PRESET_DESCRIPTIONS.items())

@@ -360,7 +360,7 @@ def metric_section(image: str | None, metric_map: MetricMap | None) -> str:
     if metric_map is not None:
         text += "\n\nOff-diagonal mass `sum_{i!=j} |C_ij| / sum_ij |C_ij|` of the mean matrix:\n\n" + markdown_table(
             ("layer", "off-diagonal mass"),
-            [(layer, f"{mass:.4f}") for layer, mass in enumerate(metric_map.offdiagonal_mass)],
+            [(name, f"{mass:.4f}") for name, mass in zip(metric_map.layer_names, metric_map.offdiagonal_mass)],
         )
     return text
 

@@ -252,3 +252,13 @@ def test_the_metric_map_names_each_stack_and_gives_the_cross_attention_its_own_m
     for name in ("cross-attention 0", "cross-attention 1"):
         torch.testing.assert_close(metric_map.matrices[metric_map.layer_names.index(name)], expected)
     assert metric_map.tokens_seen == [ids.shape[1]] * 6
+
+
+def test_info_shows_the_encoder_decoder_settings_and_the_bart_base_count(capsys):
+    from damcha_hf.cli import main as cli_main
+
+    assert cli_main(["info", "bart-base"]) == 0
+    printed = capsys.readouterr().out
+    # bart-base has 139,420,416 weights; one generator per stack adds 2 x (768 x 64 + 64 + 64 x 144 + 144) = 117,152.
+    assert "parameters:         139,537,568" in printed and "cross-head params:  117,152 (" in printed
+    assert "encoder_context:    token" in printed and "cross_attention:    decoder" in printed

@@ -161,8 +161,11 @@ def test_greedy_beam_and_sampled_generation_equal_with_and_without_the_cache(var
             assert torch.equal(cached.sequences, uncached.sequences), settings
             torch.testing.assert_close(torch.stack(cached.logits, 1), torch.stack(uncached.logits, 1),
                                        rtol=1e-4, atol=1e-4)  # fmt: skip
-        # Greedy decoding against one teacher-forced forward pass over what it generated.
+        # Greedy decoding with a static cache (both parts preallocated), and against one teacher-forced forward pass.
         greedy = generate(model, ids, mask, do_sample=False)
+        static = generate(model, ids, mask, do_sample=False, cache_implementation="static")
+        assert torch.equal(static.sequences, greedy.sequences)
+        torch.testing.assert_close(torch.stack(static.logits, 1), torch.stack(greedy.logits, 1), rtol=1e-4, atol=1e-4)
         full = model(input_ids=ids, attention_mask=mask, decoder_input_ids=greedy.sequences[:, :-1]).logits
         torch.testing.assert_close(torch.stack(greedy.logits, 1), full, rtol=1e-4, atol=1e-4)
         # The cross-head weights move the logits well past the tolerance: a path that dropped them would show.

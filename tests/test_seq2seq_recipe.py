@@ -95,3 +95,16 @@ def test_the_shipped_generation_metrics_agree_with_the_libraries_and_with_closed
     assert same["bleu"] == pytest.approx(100) and same["chrf"] == pytest.approx(100)
     single = load_metric("rouge").compute(predictions=["close it"], references=["Close the file."])
     assert single["rouge1"] == pytest.approx(2 * (1 / 2) * (1 / 3) / (1 / 2 + 1 / 3))
+
+
+def test_the_lora_recipe_refuses_an_encoder_decoder_while_parsing(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("recipe_finetune_lora", REPO_ROOT / "recipes" / "finetune_lora.py")
+    lora = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lora)
+    base = tmp_path / "bart"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps({"model_type": "damcha_bart"}))
+    with pytest.raises(SystemExit):
+        lora.parse_args(["--base", str(base), "--output-dir", str(tmp_path / "run")])
+    error = capsys.readouterr().err
+    assert "a BART encoder-decoder" in error and "recipes/train_bart.py" in error

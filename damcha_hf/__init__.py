@@ -14,9 +14,11 @@ Public API:
         DamchaLlamaForQuestionAnswering, DamchaLlamaForTokenClassification   (GQA too)
     DamchaViTConfig, DamchaViTModel, DamchaViTForImageClassification, DamchaViTForMaskedImageModeling
         (DamchaViTConfig.vit_small_patch16_224())
+    DamchaBartConfig, DamchaBartModel, DamchaBartForConditionalGeneration, DamchaBartForSequenceClassification,
+        DamchaBartForQuestionAnswering, DamchaBartForCausalLM   (encoder-decoder; DamchaBartConfig.bart_base())
     DamchaViTDenoiserConfig, DamchaViTDenoiserModel, DamchaViTDenoiserOutput   a diffusion noise predictor on the
         DAMCHA ViT encoder (schedulers and sampling: damcha_hf.diffusion, `pip install damcha-hf[diffusion]`)
-    convert_to_damcha(model, **metric_options)   an in-memory GPT-2, Llama or ViT model -> its DAMCHA counterpart
+    convert_to_damcha(model, **metric_options)   an in-memory GPT-2, Llama, ViT or BART model -> its DAMCHA counterpart
     save_hub_checkpoint, build_model_card, push_checkpoint   Hub export (damcha_hf.hub); write_metric_map (the C heatmap)
 """
 
@@ -33,6 +35,7 @@ _PUBLIC_MODULES = {
     "DamchaGPT2Config": ".modeling.configuration_damcha_gpt2",
     "DamchaLlamaConfig": ".modeling.configuration_damcha_llama",
     "DamchaViTConfig": ".modeling.configuration_damcha_vit",
+    "DamchaBartConfig": ".modeling.configuration_damcha_bart",
     "DamchaViTDenoiserConfig": ".modeling.configuration_damcha_vit_denoiser",
     **dict.fromkeys(
         (
@@ -58,6 +61,16 @@ _PUBLIC_MODULES = {
     **dict.fromkeys(
         ("DamchaViTModel", "DamchaViTForImageClassification", "DamchaViTForMaskedImageModeling"),
         ".modeling.modeling_damcha_vit",
+    ),
+    **dict.fromkeys(
+        (
+            "DamchaBartModel",
+            "DamchaBartForConditionalGeneration",
+            "DamchaBartForSequenceClassification",
+            "DamchaBartForQuestionAnswering",
+            "DamchaBartForCausalLM",
+        ),
+        ".modeling.modeling_damcha_bart",
     ),
     **dict.fromkeys(("DamchaViTDenoiserModel", "DamchaViTDenoiserOutput"), ".modeling.modeling_damcha_vit_denoiser"),
     "convert_to_damcha": ".conversion",

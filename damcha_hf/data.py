@@ -23,6 +23,7 @@ dataset without the named column, a tokenizer with more ids than the model has e
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import glob
 import gzip
@@ -255,6 +256,81 @@ def text_sections(lines: Sequence[str], validation_fraction: float) -> list[str]
     ends = np.unique(np.searchsorted(sizes, [total * k / count for k in range(1, count)], side="left") + 1)
     bounds = [0, *(int(end) for end in ends if 0 < end < len(lines)), len(lines)]
     return ["".join(lines[start:end]) for start, end in zip(bounds, bounds[1:]) if end > start]
+
+
+# ------------------------------------------------------------------------------------------- sequence-to-sequence
+
+
+def signature_docstring_pairs(path: str) -> list[dict]:
+    """Each documented function and method of the Python file `path` as a `{"source": its signature, "target": the
+    first line of its docstring, "document": path}` pair, in file order: a small sequence-to-sequence task (in the
+    spirit of CommonGen, short text from a structured input) on text every machine has.
+
+    The signature is `Class.name(arguments) -> annotation` as written (defaults and annotations included); pairs whose
+    first docstring line is shorter than 8 characters are left out. A file that does not parse gives no pairs.
+    """
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
+    except (SyntaxError, ValueError):
+        return []
+    pairs = []
+
+    def visit(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                docstring = ast.get_docstring(child)
+                first_line = docstring.strip().splitlines()[0].strip() if docstring and docstring.strip() else ""
+                if len(first_line) >= 8:
+                    returns = f" -> {ast.unparse(child.returns)}" if child.returns else ""
+                    source = f"{prefix}{child.name}({ast.unparse(child.args)}){returns}"
+                    pairs.append({"source": source, "target": first_line, "document": str(path)})
+                visit(child, f"{prefix}{child.name}.")
+
+    visit(tree, "")
+    return pairs
+
+
+def load_seq2seq_pairs(
+    data: str, *, validation_fraction: float = 0.05, seed: int = 0, max_train_pairs: int | None = None
+) -> datasets.DatasetDict:
+    """`train` and `validation` splits of `source` / `target` pairs, held out by document so that validation comes
+    from files training never saw.
+
+    `data`: `"stdlib"` (`signature_docstring_pairs` of every standard-library file) or a JSON-lines file of
+    `{"source": ..., "target": ...}` objects (an optional `"document"` field groups rows; without it each row is its
+    own document). The documents are shuffled with `seed` and `validation_document_count` of them held out; with
+    `max_train_pairs`, the training files are read only until that many pairs are found (a quick run).
+    """
+    rng = random.Random(seed)
+    if data == "stdlib":
+        files = stdlib_corpus_files()
+        rng.shuffle(files)
+        held_out = validation_document_count(len(files), validation_fraction)
+        validation = [pair for path in files[:held_out] for pair in signature_docstring_pairs(path)]
+        train = []
+        for path in files[held_out:]:
+            train += signature_docstring_pairs(path)
+            if max_train_pairs is not None and len(train) >= max_train_pairs:
+                break
+        return datasets.DatasetDict(train=datasets.Dataset.from_list(train),
+                                    validation=datasets.Dataset.from_list(validation))  # fmt: skip
+    with _no_download_bars():
+        rows = datasets.load_dataset("json", data_files=str(data), split="train")
+    missing = {"source", "target"} - set(rows.column_names)
+    if missing:
+        raise ValueError(f"--data {data}: every row needs `source` and `target` fields; missing {sorted(missing)}.")
+    documents = rows["document"] if "document" in rows.column_names else list(range(len(rows)))
+    names = sorted(set(documents), key=str)
+    rng.shuffle(names)
+    held_out = set(names[: validation_document_count(len(names), validation_fraction)])
+    in_validation = [document in held_out for document in documents]
+    validation = rows.select([index for index, chosen in enumerate(in_validation) if chosen])
+    train = rows.select([index for index, chosen in enumerate(in_validation) if not chosen])
+    if max_train_pairs is not None:
+        train = train.select(range(min(max_train_pairs, len(train))))
+    return datasets.DatasetDict(train=train, validation=validation)
 
 
 @contextlib.contextmanager

@@ -46,13 +46,21 @@ class MetricMap:
     panels: int = 0  # heatmap panels drawn (one per layer); 0 until written
     path: Path | None = None
     inputs: str = "the inputs given"  # what the matrices were averaged over, in words (the card says it)
+    # One per layer: "0", "1", ... or, for an encoder-decoder, "encoder 0", ..., "decoder 0", ..., "cross-attention 0".
+    layer_names: list[str] | None = None
+
+    def __post_init__(self):
+        if self.layer_names is None:
+            self.layer_names = [str(layer) for layer in range(self.num_layers)]
 
     @property
     def num_layers(self) -> int:
         return self.matrices.shape[0]
 
     def summary(self) -> str:
-        rows = [f"layer {layer}: off-diagonal mass {mass:.4f}" for layer, mass in enumerate(self.offdiagonal_mass)]
+        rows = [
+            f"layer {name}: off-diagonal mass {mass:.4f}" for name, mass in zip(self.layer_names, self.offdiagonal_mass)
+        ]
         return "\n".join(rows)
 
 
@@ -103,7 +111,7 @@ def text_inputs(model, texts: Sequence[str], tokenizer=None, max_tokens: int = D
     inputs = []
     for text in texts:
         if tokenizer is not None:
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = tokenizer(text, add_special_tokens=False, truncation=True, max_length=limit)["input_ids"]
         else:
             ids = [byte % config.vocab_size for byte in text.encode("utf-8")]
         if ids:
@@ -190,16 +198,18 @@ def compute_metric_map(
             "the metric map is for `cross_head_variant='damcha'` models."
         )
     modules = metric_modules(model)
-    num_layers = model.config.num_hidden_layers
+    names, first_slot = metric_layer_names(model, modules)
+    num_layers = len(names)
     num_heads, num_key_value_heads = modules[0].num_heads, modules[0].num_key_value_heads  # C's rows and columns
     sums = torch.zeros(num_layers, num_heads, num_key_value_heads, dtype=torch.float64)
     counts = [0] * num_layers
 
     def record(module, args, kwargs, output):
         layer_idx = args[1] if len(args) > 1 else kwargs.get("layer_idx", 0)
+        slot = first_slot[id(module)] + layer_idx
         matrices = output.detach().to(torch.float64).reshape(-1, num_heads, num_key_value_heads)
-        sums[layer_idx] += matrices.sum(dim=0).cpu()
-        counts[layer_idx] += matrices.shape[0]
+        sums[slot] += matrices.sum(dim=0).cpu()
+        counts[slot] += matrices.shape[0]
 
     handles = [module.register_forward_hook(record, with_kwargs=True) for module in modules]
     was_training = model.training
@@ -212,12 +222,39 @@ def compute_metric_map(
         for handle in handles:
             handle.remove()
         model.train(was_training)
-    missing = [layer for layer, count in enumerate(counts) if count == 0]
+    # A decoder run alone (BART's decoder as a language model) leaves its cross-attention layers idle.
+    called = [slot for slot, count in enumerate(counts) if count or not names[slot].startswith("cross-attention")]
+    names, counts, sums = [names[slot] for slot in called], [counts[slot] for slot in called], sums[called]
+    missing = [names[slot] for slot, count in enumerate(counts) if count == 0]
     if missing:
         raise RuntimeError(f"layers {missing} never called the cross-head metric; is this a DAMCHA model?")
     matrices = (sums / torch.tensor(counts, dtype=torch.float64).view(-1, 1, 1)).to(torch.float32)
     described = description or describe_inputs(model, inputs)
-    return MetricMap(matrices, [offdiagonal_mass(matrix) for matrix in matrices], counts, inputs=described)
+    return MetricMap(matrices, [offdiagonal_mass(matrix) for matrix in matrices], counts, inputs=described,
+                     layer_names=names)  # fmt: skip
+
+
+def metric_layer_names(model: torch.nn.Module, modules: list[torch.nn.Module]) -> tuple[list[str], dict[int, int]]:
+    """The name of every layer that calls a metric module, and the first layer slot of each module (by `id`).
+
+    A model with one stack names its layers "0", "1", ...; an encoder-decoder's are "encoder i", "decoder i" and
+    "cross-attention i" (its decoder's metric serves the cross-attention layers as layers `L..2L-1`).
+    """
+    module_names = {id(module): name for name, module in model.named_modules()}
+    names, first_slot = [], {}
+    for module in modules:
+        layer_generators = getattr(module, "layer_generators", None)
+        stack_layers = len(layer_generators) // 2 if layer_generators else model.config.num_hidden_layers
+        calling_layers = len(layer_generators) if layer_generators else stack_layers
+        # "model.encoder.cross_head_metric" -> "encoder"
+        stack = module_names[id(module)].rsplit(".", 2)[-2] if len(modules) > 1 else ""
+        first_slot[id(module)] = len(names)
+        for layer in range(calling_layers):
+            if not stack:
+                names.append(str(layer))
+            else:
+                names.append(f"{stack} {layer}" if layer < stack_layers else f"cross-attention {layer - stack_layers}")
+    return names, first_slot
 
 
 def describe_inputs(model, inputs) -> str:
@@ -260,7 +297,8 @@ def plot_metric_map(metric_map: MetricMap, path: str | os.PathLike, *, title: st
             figure.delaxes(axis)
             continue
         image = axis.imshow(metric_map.matrices[layer].numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
-        axis.set_title(f"layer {layer}: off-diag {metric_map.offdiagonal_mass[layer]:.1%}", fontsize=9)
+        layer_name = metric_map.layer_names[layer]
+        axis.set_title(f"layer {layer_name}: off-diag {metric_map.offdiagonal_mass[layer]:.1%}", fontsize=9)
         axis.set_xticks(list(range(0, num_key_heads, max(1, num_key_heads // 8))))
         axis.set_yticks(list(range(0, num_heads, max(1, num_heads // 8))))
         if layer + columns >= num_layers:  # bottom panel of its column

@@ -102,10 +102,17 @@ class _LoaderThenReport(importlib.abc.Loader):
         return getattr(self.loader, name)
 
 
+# Modules whose imports the watcher follows: registering imports transformers' model modules and this package's own
+# model files, either of which may be the import in progress when the Auto module finishes loading.
+_WATCHED_PREFIXES = ("transformers.", "damcha_hf.")
+
+
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):
     """On `sys.meta_path` until every registration has run: each function in `pending[module]` runs once `module`
-    has been imported and no other transformers module is still being imported (registering imports transformers'
-    GPT-2, Llama and ViT modules, which would otherwise be met half-initialised)."""
+    has been imported and no transformers or damcha_hf module is still being imported (registering imports
+    transformers' model modules and the DAMCHA model files, which would otherwise be met half-initialised: e.g.
+    `damcha_hf.DamchaGPT2LMHeadModel` first imports `modeling_damcha_gpt2`, which imports transformers' GPT-2 and,
+    through it, the Auto module)."""
 
     def __init__(self):
         self.pending: dict[str, list[Callable[[], None]]] = {}
@@ -113,7 +120,7 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
         self.running = False
 
     def find_spec(self, fullname, path, target=None):
-        if not fullname.startswith("transformers.") or not (self.pending or self.ready):
+        if not fullname.startswith(_WATCHED_PREFIXES) or not (self.pending or self.ready):
             return None
         for finder in sys.meta_path:
             find_spec = getattr(finder, "find_spec", None)
@@ -141,9 +148,10 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
 
 
 def _transformers_importing(besides: str) -> bool:
-    """Whether a transformers module other than `besides` is still running its import."""
+    """Whether a transformers or damcha_hf module other than `besides` is still running its import (`damcha_hf`
+    itself registers at the end of its own import, so it does not count)."""
     return any(
-        name.startswith("transformers")
+        name.startswith(_WATCHED_PREFIXES)
         and name != besides
         and getattr(getattr(module, "__spec__", None), "_initializing", False)
         for name, module in list(sys.modules.items())

@@ -146,9 +146,20 @@ def apply_umask(folder: Path) -> None:
     """Give the files of `folder` the permissions the umask allows for a new file (0644 under the usual 022): some
     writers (safetensors shards via a temporary file) leave 0600 whatever the umask."""
     mode = 0o666 & ~_umask()
-    for path in Path(folder).iterdir():
+    for path in _own_entries(Path(folder)):
         if path.is_file() and not path.is_symlink():
             os.chmod(path, mode)
+
+
+def _own_entries(folder: Path) -> list[Path]:
+    """The entries of `folder`, and those of its subfolders one level down (a tokenizer's own folder): a save
+    writes nothing deeper."""
+    entries = []
+    for path in sorted(folder.iterdir()):
+        entries.append(path)
+        if path.is_dir() and not path.is_symlink():
+            entries += sorted(path.iterdir())
+    return entries
 
 
 # ---------------------------------------------------------------------------------------------- output folder checks
@@ -203,25 +214,34 @@ class CorruptFileError(ValueError):
 def write_save_record(folder: str | os.PathLike) -> Path:
     """Record the files of `folder` (a staging folder holding only what the save just wrote) as the save's own."""
     folder = Path(folder)
-    names = sorted(entry.name for entry in folder.iterdir() if entry.name != SAVE_RECORD_FILE)
+    names = [
+        entry.relative_to(folder).as_posix()
+        for entry in _own_entries(folder)
+        if entry.name != SAVE_RECORD_FILE and not (entry.is_dir() and not entry.is_symlink())
+    ]
     return write_json(folder / SAVE_RECORD_FILE, {"written_by": "damcha-hf", "files": names})
 
 
 def saved_files(folder: str | os.PathLike) -> list[str] | None:
-    """The file names the save record of `folder` lists, or None when it has no record. A record that is not a
-    readable list of plain file names raises `CorruptFileError` naming it."""
+    """The file names the save record of `folder` lists (`name`, or `subfolder/name` one level down), or None when it
+    has no record. A record that is not a readable list of such names raises `CorruptFileError` naming it."""
     path = Path(folder) / SAVE_RECORD_FILE
     if not path.exists() and not path.is_symlink():
         return None
     record = read_json_file(path, "the record of the files a save wrote")
     names = record.get("files") if isinstance(record, dict) else None
-    if not isinstance(names, list) or not all(isinstance(name, str) and _plain_name(name) for name in names):
+    if not isinstance(names, list) or not all(isinstance(name, str) and _recorded_name(name) for name in names):
         raise CorruptFileError(f"{path}: not a record of the files a save wrote (no list of plain file names)")
     return names
 
 
 def _plain_name(name: str) -> bool:
     return name == os.path.basename(name) and name not in ("", ".", "..") and "\\" not in name
+
+
+def _recorded_name(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) <= 2 and all(_plain_name(part) for part in parts)
 
 
 def read_checkpoint_config(folder: Path) -> dict | None:
@@ -247,9 +267,20 @@ def foreign_entries(folder: Path) -> list[str]:
     if recorded is None:
         return entries
     ours = {*recorded, SAVE_RECORD_FILE}
-    return [
-        name for name in entries if name not in ours or (folder / name).is_symlink() or not (folder / name).is_file()
-    ]
+
+    def owned(name: str) -> bool:
+        path = folder / name
+        return name in ours and path.is_file() and not path.is_symlink()
+
+    foreign = []
+    for name in entries:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink() and any(saved.startswith(f"{name}/") for saved in recorded):
+            # A subfolder the save wrote (the tokenizer's) is its own only while it holds nothing but recorded files.
+            foreign += [f"{name}/{entry.name}" for entry in sorted(path.iterdir()) if not owned(f"{name}/{entry.name}")]
+        elif not owned(name):
+            foreign.append(name)
+    return foreign
 
 
 def check_checkpoint_folder(folder: str | os.PathLike, *, argument: str = "folder", replace: bool = True) -> Path:

@@ -503,14 +503,17 @@ def step_time_ratio(task_results: dict, row: str, reference: str) -> float | Non
 
 
 def comparison_pairs(rows: list[str]) -> list[tuple[str, str]]:
-    """Every row against MHA, every baseline against every DAMCHA row (DAMCHA - baseline), and each method against
-    the MHA widened to its parameter count, when that control ran."""
+    """Every row against MHA, every baseline against every DAMCHA row (DAMCHA - baseline), each method against
+    the MHA widened to its parameter count, when that control ran, and the second reading of the metric against the
+    first in the same context ("DAMCHA scores token" - "DAMCHA token")."""
     damcha = [r for r in rows if r.startswith(("DAMCHA", "LoRA DAMCHA"))]
     baselines = [r for r in rows if r in BASELINE_VARIANTS.values()]
     pairs = [(r, "MHA") for r in rows if r != "MHA" and "MHA" in rows and not r.startswith("LoRA")]
     pairs += [(d, b) for d in damcha for b in baselines]
     pairs += [(r, control) for control, prefix in CAPACITY_CONTROLS.items() if control in rows
               for r in rows if r.startswith(prefix)]  # fmt: skip
+    pairs += [(r, r.replace("DAMCHA scores ", "DAMCHA ")) for r in rows
+              if r.startswith("DAMCHA scores ") and r.replace("DAMCHA scores ", "DAMCHA ") in rows]  # fmt: skip
     if "LoRA MHA" in rows:
         pairs += [(r, "LoRA MHA") for r in rows if r.startswith("LoRA DAMCHA")]
     return pairs
@@ -742,7 +745,7 @@ def read_reports(paths: list[str]) -> list[dict]:
 # Arguments that do not change what a run measures: runs that differ only in these may be merged or compared.
 RUN_SETTINGS_IGNORED = {
     "seeds", "tasks", "prefix", "out_dir", "threads", "merge", "replot", "no_plots", "device", "rows",
-    "parameter_matched_mha", "dcmha_matched_mha", "overwrite", "no_baselines", "lengths",
+    "parameter_matched_mha", "dcmha_matched_mha", "scores_form", "overwrite", "no_baselines", "lengths",
 }  # fmt: skip
 
 

@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--variants", action="store_true",
         help="with --quick: also the talking-heads and DCMHA rows (they dominate its time and memory)",
     )  # fmt: skip
+    parser.add_argument("--scores-form", action="store_true",
+                        help="add a 'DAMCHA scores <context>' row per context: metric_form='scores' (eager attention)")  # fmt: skip
     parser.add_argument("--profile", action="store_true", help="profile one training step per row (torch.profiler)")
     parser.add_argument(
         "--parts", nargs="+", default=["train", "memory", "generate"], choices=PARTS,
@@ -625,7 +627,7 @@ def main(argv=None):
             def build_rows(dropout=0.0, kwargs=kwargs, contexts=contexts):
                 rows = gpt2_rows(
                     {**kwargs, **gpt2_dropout(dropout)}, contexts=contexts, metric_hidden_size=args.metric_hidden_size,
-                    variants=variants,
+                    variants=variants, scores_form=args.scores_form,
                 )  # fmt: skip
                 return with_noise_floor(rows)
 
@@ -655,6 +657,7 @@ def main(argv=None):
             rows = vit_rows(
                 {**kwargs, "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout},
                 contexts=contexts, metric_hidden_size=args.metric_hidden_size, variants=variants,
+                scores_form=args.scores_form,
             )  # fmt: skip
             return with_noise_floor(rows)
 

@@ -41,6 +41,8 @@ class DamchaFamily:
         config_class: the DAMCHA config class.
         heads: every DAMCHA model class, the base model first.
         vision: takes `pixel_values` (image processor, image data) rather than `input_ids` (tokenizer, text).
+        encoder_decoder: an encoder-decoder (BART): its task head is the sequence-to-sequence model, and `causal`
+            describes its decoder.
         lora_target_modules: module names LoRA adapts (the attention and MLP projections).
         lora_fan_in_fan_out: those modules store the weight transposed (GPT-2's `Conv1D`).
         task_head_modules: modules a new task must train in full beside LoRA (a fresh classifier).
@@ -55,6 +57,7 @@ class DamchaFamily:
     heads: tuple[DamchaHead, ...]
     vision: bool
     lora_target_modules: tuple[str, ...]
+    encoder_decoder: bool = False
     lora_fan_in_fan_out: bool = False
     task_head_modules: tuple[str, ...] = ()
     architecture_options: Callable[[object], dict] = no_architecture_options
@@ -78,6 +81,10 @@ class DamchaFamily:
 
     @property
     def task_head(self) -> DamchaHead:
-        """The head the recipes train: the language model of a causal family, else the first head with a task."""
-        preferred = "AutoModelForCausalLM" if self.causal else "AutoModelForImageClassification"
+        """The head the recipes train: the sequence-to-sequence model of an encoder-decoder, the language model of a
+        causal family, else the first head with a task."""
+        if self.encoder_decoder:
+            preferred = "AutoModelForSeq2SeqLM"
+        else:
+            preferred = "AutoModelForCausalLM" if self.causal else "AutoModelForImageClassification"
         return self.head_for_auto_class(preferred) or next(head for head in self.heads if head.pipeline_tag)

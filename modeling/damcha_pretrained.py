@@ -97,12 +97,20 @@ class DamchaPreTrainedMixin:
     """Mixed in before a transformers `*PreTrainedModel`: the stock-to-DAMCHA conversion at `post_init`, weight init,
     backend choice, loading and remote-code saving.
 
-    A family's `*PreTrainedModel` sets `damcha_attention_class` (its `DamchaAttentionMixin` class); its base model
-    class (the layer stack, e.g. `DamchaGPT2Model`) sets `damcha_base_model = True`.
+    A family's `*PreTrainedModel` sets `damcha_attention_class` (its `DamchaAttentionMixin` class); each class whose
+    stock instances hold a stack of attention layers (`DamchaGPT2Model`; BART's encoder and decoder) sets
+    `damcha_layer_stack = True` (such a stack owns the stack's metric generator), and a base model that only holds
+    stacks (`DamchaBartModel`) sets `damcha_stack_container = True`.
     """
 
     damcha_attention_class: type
-    damcha_base_model: bool = False
+    damcha_layer_stack: bool = False
+    damcha_stack_container: bool = False
+
+    @classmethod
+    def stack_cross_head_metric(cls, config) -> CrossHeadMetric | None:
+        """The metric generator(s) of one layer stack of this class (`damcha_layer_stack`)."""
+        return stack_cross_head_metric(config)
 
     # Key-side mixing ("token", "sequence") and plain MHA ("none") hand every backend ordinary (query, key, value)
     # tensors, so flash and flex attention are supported by the class; what a given config cannot run on is refused
@@ -118,24 +126,29 @@ class DamchaPreTrainedMixin:
         super().post_init()
 
     def _adopt_stock_layers(self) -> None:
-        """Turn every stock base model and self-attention layer the stock `__init__` built into its DAMCHA class.
+        """Turn every stock base model, layer stack and self-attention layer the stock `__init__` built into its
+        DAMCHA class.
 
         A head's stock `__init__` builds a stock base model (`self.transformer = GPT2Model(config)`), which has run its
         own `post_init`: its weights are initialised, and `post_init` below initialises only the modules added here.
         """
         family = self._family_pretrained_class()
-        base_model_class = next(cls for cls in [family, *_subclasses(family)] if cls.__dict__.get("damcha_base_model"))
-        base_stock, attention = stock_class_of(base_model_class), self.damcha_attention_class
+        inner_classes = {
+            stock_class_of(cls): cls
+            for cls in [family, *_subclasses(family)]
+            if cls.__dict__.get("damcha_layer_stack") or cls.__dict__.get("damcha_stack_container")
+        }
+        attention = self.damcha_attention_class
         attention_stock = stock_class_of(attention)
         layer_index = 0
         for module in list(self.modules()):
-            if type(module) is base_stock:
-                module.__class__ = base_model_class
+            if type(module) in inner_classes:
+                module.__class__ = inner_classes[type(module)]
                 register_output_recording(module)
-            if isinstance(module, base_model_class):
+            if getattr(type(module), "damcha_layer_stack", False):
                 layer_index = 0
                 if not hasattr(module, "cross_head_metric"):
-                    module.cross_head_metric = stack_cross_head_metric(self.config)
+                    module.cross_head_metric = module.stack_cross_head_metric(self.config)
             elif type(module) is attention_stock and attention.converts(module):
                 attention.adopt_stock_layer(module, self.config, layer_index)
                 layer_index += 1
@@ -153,7 +166,9 @@ class DamchaPreTrainedMixin:
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        init_cross_head_weights(module, std=self.config.initializer_range)
+        # BART names its init scale `init_std`, as the stock `_init_weights` reads it.
+        std = getattr(self.config, "initializer_range", None) or getattr(self.config, "init_std", 0.02)
+        init_cross_head_weights(module, std=std)
 
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
         # Talking-heads and DCMHA run only in eager attention: default to it for them, refuse other backends.

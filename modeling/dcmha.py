@@ -71,14 +71,25 @@ class DynamicHeadComposition(nn.Module):
     def from_config(cls, config) -> "DynamicHeadComposition":
         return cls(config.hidden_size, config.num_attention_heads, config.dcmha_rank)
 
-    def dynamic_weights(self, hidden_states: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-        """The query-side and key-side weights of the tokens `hidden_states` `(batch, seq, hidden)`.
+    def dynamic_weights(
+        self, hidden_states: torch.Tensor, key_states: torch.Tensor | None
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor | None]:
+        """The query-side weights of the tokens `hidden_states` and the key-side weights of `key_states` (the same
+        tensor in self-attention; the encoder output in cross-attention; None when the keys come from the cache with
+        their weights), each `(batch, seq, hidden)`.
 
         Returns:
             `query_weights`: `(read, write, gate)` of shapes `(batch, seq, 2, R, H)`, `(batch, seq, 2, R, H)`,
             `(batch, seq, 2, H)`, indexed `[PRE_SOFTMAX]` / `[POST_SOFTMAX]` on dim 2.
             `key_weights`: `(batch, H, seq, 2 (2R + 1))`, laid out like the keys so that it can ride in the KV cache.
         """
+        query_weights, key_weights = self.branch_weights(hidden_states)
+        if key_states is not hidden_states:  # cross-attention: the key side comes from other tokens, or the cache
+            key_weights = None if key_states is None else self.branch_weights(key_states)[1]
+        return query_weights, key_weights
+
+    def branch_weights(self, hidden_states: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """Both sides' weights of the same tokens (see `dynamic_weights`)."""
         dtype = hidden_states.dtype
         hidden = nn.functional.gelu(torch.einsum("btd,dgc->btgc", hidden_states, self.hidden_projection.to(dtype)))
         read = torch.einsum("btgc,gcrh->btgrh", hidden, self.read_projection.to(dtype))

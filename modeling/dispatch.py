@@ -20,7 +20,14 @@ from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .damcha_config import TESTED_TRANSFORMERS
-from .metric import CrossHeadMetric, MetricScoreMixing, cross_head_query_key, full_width_key, project_heads
+from .metric import (
+    CrossHeadMetric,
+    MetricScoreMixing,
+    cross_head_query_key,
+    expanded_query,
+    full_width_key,
+    project_heads,
+)
 from .score_mixing import SCORE_MIXING_VARIANTS, layer_mixing, score_mixing_cross_head_attention
 
 
@@ -57,6 +64,45 @@ def self_attention_cache(cache):
     return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
 
 
+class SourceKeyCache:
+    """A cross-attention layer's part of an `EncoderDecoderCache`: the source's keys and values, mixed and with any
+    key-side weights, are computed at the first decoding step and read back at every later one (as stock
+    encoder-decoders read theirs: `is_updated` marks the layer done)."""
+
+    def __init__(self, cache: EncoderDecoderCache, layer_idx: int):
+        self.cache, self.layer_idx = cache, layer_idx
+
+    @staticmethod
+    def of(cache, layer_idx: int) -> "SourceKeyCache | None":
+        return SourceKeyCache(cache, layer_idx) if isinstance(cache, EncoderDecoderCache) else None
+
+    @property
+    def filled(self) -> bool:
+        return bool(self.cache.is_updated.get(self.layer_idx))
+
+    def stored(self) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self.cache.cross_attention_cache.layers[self.layer_idx]
+        return layer.keys, layer.values
+
+    def update(self, key, value, layer_idx, kwargs=None):
+        key, value = self.cache.cross_attention_cache.update(key, value, layer_idx)
+        self.cache.is_updated[layer_idx] = True
+        return key, value
+
+
+def cross_attention_source_cached(cache, layer_idx: int) -> bool:
+    """Whether a cross-attention layer finds its source's keys and values in `cache` (then it need not project them)."""
+    source_cache = SourceKeyCache.of(cache, layer_idx)
+    return source_cache is not None and source_cache.filled
+
+
+def metric_layer_index(module: nn.Module) -> int:
+    """The layer index a layer calls its stack's `CrossHeadMetric` with: the one it was given at conversion
+    (`metric_layer_index`, an encoder-decoder's cross-attention layers), else its own (0 when it has none)."""
+    index = getattr(module, "metric_layer_index", None)
+    return index if index is not None else module.layer_idx or 0
+
+
 def check_attention_backend(metric_context: str, attn_implementation: str | None) -> None:
     """The expanded-query form gives the query a wider head than the value, which only eager and SDPA accept."""
     if metric_context == "query" and attn_implementation not in (None, "eager", "sdpa"):
@@ -86,8 +132,8 @@ def cross_head_attention(
     module: nn.Module,
     hidden_states: torch.Tensor,
     query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
     attention_mask: torch.Tensor | None,
     *,
     metric: CrossHeadMetric | None = None,
@@ -97,6 +143,8 @@ def cross_head_attention(
     past_key_values=None,
     token_mask: torch.Tensor | None = None,
     key_projection: nn.Module | None = None,
+    source_states: torch.Tensor | None = None,
+    metric_context: str | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Cross-head attention for any model, dispatched on `config.cross_head_variant`; updates the KV cache.
@@ -110,6 +158,12 @@ def cross_head_attention(
     `EncoderDecoderCache` (whose self-attention part is updated); `token_mask` `(batch, seq)` marks the real tokens
     for `"sequence"` (see `cross_head_query_key`). A layer with its own key projection may pass `key=None` and
     `key_projection` (its `k_proj`), so that `"sequence"` and `"token"` can project and mix the key in one step.
+    `metric_context` overrides `config.metric_context` for this layer (an encoder-decoder's encoder has its own).
+
+    Cross-attention (an encoder-decoder's decoder): `source_states` are the encoder outputs the keys and values come
+    from, and `key`, `value` their projections; the source's keys are mixed once and kept, mixed, in the
+    `EncoderDecoderCache`'s cross-attention part, so later steps pass `key=value=None`
+    (`cross_attention_source_cached`) and only the query side is computed.
     Returns `(attn_output (batch, seq, heads, head_dim), attn_weights or None)` as the attention functions do.
 
     `"damcha"` mixes `(query, key)` and runs the configured attention function (`metric_form="keys"`), or mixes the
@@ -121,12 +175,21 @@ def cross_head_attention(
     # `__getattribute__` hooks), which batch-1 decoding pays per layer and step.
     variant = config.cross_head_variant
     attn_implementation = config._attn_implementation
-    metric_context = config.metric_context if variant == "damcha" else None
+    if variant != "damcha":
+        metric_context = None
+    elif metric_context is None:
+        metric_context = config.metric_context
     scores_form = variant == "damcha" and config.metric_form == "scores"
     # transformers renamed the cache argument in 5.24; whichever name the caller used, it is the same cache.
-    cache = self_attention_cache(cache if cache is not None else past_key_values)
-    if key is None and (scores_form or metric_context not in ("sequence", "token")):
-        key = project_heads(key_projection, hidden_states, query.shape[-1])
+    cache = cache if cache is not None else past_key_values
+    if source_states is None:
+        cache, key_states = self_attention_cache(cache), hidden_states
+    else:
+        cache, key_states = SourceKeyCache.of(cache, module.layer_idx), source_states
+        if cache is not None and cache.filled:  # the source's keys, values (and key-side weights) as stored
+            (key, value), cache, key_states = cache.stored(), None, None
+    if key is None and key_states is not None and (scores_form or metric_context not in ("sequence", "token")):
+        key = project_heads(key_projection, key_states, query.shape[-1])
     mixing = layer_mixing(module) if variant in SCORE_MIXING_VARIANTS else None
     if variant == "damcha":
         if metric is None:
@@ -142,33 +205,39 @@ def cross_head_attention(
                 "the whole sequence and would let each token see later ones; set `config.metric_context = 'token'` "
                 "(or 'query') on this model."
             )
+        metric_layer = metric_layer_index(module)
         if scores_form:
             mixing = MetricScoreMixing(
                 metric,
-                layer_idx=module.layer_idx or 0,
+                layer_idx=metric_layer,
                 metric_context=metric_context,
                 metric_mask=config.metric_mask,
-                num_key_value_heads=key.shape[1],
+                num_key_value_heads=(key if key is not None else value).shape[1],
                 token_mask=token_mask,
             )
         else:
             check_attention_backend(metric_context, attn_implementation)
-            query, key = cross_head_query_key(
-                query,
-                key,
-                hidden_states,
-                metric,
-                layer_idx=module.layer_idx or 0,
-                metric_context=metric_context,
-                metric_mask=config.metric_mask,
-                token_mask=token_mask,
-                compact_saved_key=_backend_copies_its_inputs(attn_implementation, dropout, query),
-                key_projection=key_projection,
-            )
+            if key_states is None:  # cached source keys are mixed already; "query" still expands the new queries
+                if metric_context == "query":
+                    query = expanded_query(query, metric(hidden_states, metric_layer, config.metric_mask))
+            else:
+                query, key = cross_head_query_key(
+                    query,
+                    key,
+                    hidden_states,
+                    metric,
+                    layer_idx=metric_layer,
+                    metric_context=metric_context,
+                    metric_mask=config.metric_mask,
+                    token_mask=token_mask,
+                    compact_saved_key=_backend_copies_its_inputs(attn_implementation, dropout, query),
+                    key_projection=key_projection,
+                    key_states=key_states,
+                )
     if mixing is not None:
         return score_mixing_cross_head_attention(
             module, hidden_states, query, key, value, attention_mask, mixing=mixing, dropout=dropout, cache=cache,
-            **kwargs,
+            key_states=key_states, **kwargs,
         )  # fmt: skip
     if cache is not None:
         key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)

@@ -147,8 +147,8 @@ class CrossHeadMetric(nn.Module):
 
     Holds one generator per stack (`metric_sharing="stack"`) or one per layer (`"layer"`). It is a single module so
     that PEFT's `modules_to_save=["cross_head_metric"]` trains every generator of a model in full. The attention
-    core calls it as `metric(z, layer_idx, metric_mask)` for every layer, so a forward hook on it sees each layer's
-    `C`.
+    core calls it as `metric(z, layer_idx, metric_mask)` for every layer (an encoder-decoder's cross-attention layer
+    `i` as layer `L + i` of its decoder), so a forward hook on it sees each layer's `C`.
     """
 
     def __init__(
@@ -158,10 +158,15 @@ class CrossHeadMetric(nn.Module):
         metric_hidden_size: int,
         num_generators: int = 1,
         num_key_value_heads: int | None = None,
+        layer_generators: tuple[int, ...] | None = None,
     ):
         super().__init__()
         self.num_heads = num_heads
         self.num_key_value_heads = num_key_value_heads or num_heads
+        # Which generator each calling layer uses, where that is not simply its index (one generator per layer) or 0
+        # (one per stack): an encoder-decoder's decoder calls it from its self-attention layers `0..L-1` and its
+        # cross-attention layers `L..2L-1`, which may have generators of their own.
+        self.layer_generators = layer_generators
         self.generators = nn.ModuleList(
             MetricGenerator(hidden_size, num_heads, metric_hidden_size, self.num_key_value_heads)
             for _ in range(num_generators)
@@ -185,7 +190,10 @@ class CrossHeadMetric(nn.Module):
         """`z`: (..., d) -> `C`: (..., H, H_kv)."""
         # The ModuleList's own dict: `self.generators[i]` and `len()` cost microseconds of Python per layer and step.
         generators = self._modules["generators"]._modules
-        generator = generators[str(layer_idx)] if len(generators) > 1 else generators["0"]
+        if self.layer_generators is not None:
+            generator = generators[str(self.layer_generators[layer_idx])]
+        else:
+            generator = generators[str(layer_idx)] if len(generators) > 1 else generators["0"]
         flat_identity = self.flat_identity(z)
         if metric_mask == "full":
             return generator.offsets(z, flat_identity)
@@ -240,6 +248,7 @@ def cross_head_query_key(
     token_mask: torch.Tensor | None = None,
     compact_saved_key: bool = False,
     key_projection: nn.Module | None = None,
+    key_states: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn multi-head `(query, key)` into DAMCHA's, for any attention function.
 
@@ -256,6 +265,8 @@ def cross_head_query_key(
         key_projection: a layer with its own key projection (ViT) may pass it, with `key=None`, instead of the key:
             `"sequence"` and `"token"` then project and mix in one step that keeps less for backward
             (`projected_mixed_key`).
+        key_states: `(batch, keys, hidden)`, the tokens the keys come from where they are not the queries'
+            (cross-attention: the encoder output); `"token"` and `"sequence"` take `C` from them.
 
     Returns:
         `(query, key)`, each to be handed on as it is (the key to the KV cache). For `"token"` and `"sequence"` the
@@ -263,26 +274,31 @@ def cross_head_query_key(
         `(batch, heads, seq, kv_heads * head_dim)` and the key is the plain per-head key, unchanged: after the cache
         update, `full_width_key` turns it into the key every head's expanded query scores against.
     """
+    key_states = hidden_states if key_states is None else key_states
     if metric_context == "token":
-        cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, s, H, H)
+        cross_head = metric(key_states, layer_idx, metric_mask)  # (b, s, H, H)
         if key is None:
-            return query, projected_mixed_key(cross_head, key_projection, hidden_states, query.shape[-1])
+            return query, projected_mixed_key(cross_head, key_projection, key_states, query.shape[-1])
         return query, mix_keys_per_token(cross_head, key, compact_saved_key)
     if metric_context == "sequence":
-        cross_head = metric(masked_mean(hidden_states, token_mask), layer_idx, metric_mask)  # (b, H, H)
+        cross_head = metric(masked_mean(key_states, token_mask), layer_idx, metric_mask)  # (b, H, H)
         if key is None:
-            return query, projected_mixed_key(cross_head, key_projection, hidden_states, query.shape[-1])
+            return query, projected_mixed_key(cross_head, key_projection, key_states, query.shape[-1])
         return query, mix_keys_per_sequence(cross_head, key)
     if key is None:
-        key = project_heads(key_projection, hidden_states, query.shape[-1])
+        key = project_heads(key_projection, key_states, query.shape[-1])
     if metric_context == "query":
-        cross_head = metric(hidden_states, layer_idx, metric_mask)  # (b, t, H, H_kv)
-        # expanded[b, i, t, j, :] = C_ij(x_t) * q_i[t]
-        expanded = cross_head.permute(0, 2, 1, 3).unsqueeze(-1) * query.unsqueeze(-2)
-        return expanded.flatten(-2), key
+        return expanded_query(query, metric(hidden_states, layer_idx, metric_mask)), key
     raise ValueError(
         f"unknown `metric_context` {metric_context!r}; choose one of {', '.join(map(repr, METRIC_CONTEXTS))}."
     )
+
+
+def expanded_query(query: torch.Tensor, cross_head: torch.Tensor) -> torch.Tensor:
+    """`"query"`'s expanded query `(b, H, t, H_kv * d_h)` from `query` `(b, H, t, d_h)` and `C` of the query tokens
+    `(b, t, H, H_kv)`: `expanded[b, i, t, j, :] = C_ij(x_t) * q_i[t]`."""
+    expanded = cross_head.permute(0, 2, 1, 3).unsqueeze(-1) * query.unsqueeze(-2)
+    return expanded.flatten(-2)
 
 
 def masked_mean(hidden_states: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor:
@@ -293,6 +309,25 @@ def masked_mean(hidden_states: torch.Tensor, token_mask: torch.Tensor | None) ->
     weights = token_mask.to(hidden_states.dtype).unsqueeze(-1)
     # A row without real tokens (every query of it is masked anyway) gets the zero vector rather than NaN.
     return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
+
+
+def attended_tokens(attention_mask: torch.Tensor) -> torch.Tensor:
+    """`(batch, seq)` bool, True for the tokens `attention_mask` lets any query attend to: the `token_mask` of
+    `"sequence"`.
+
+    Takes the forms the models accept: `(batch, seq)` with 1 for real tokens and 0 for padding, or a 4D
+    `(batch, 1 or heads, queries, keys)` mask, boolean (True = attend) or additive float (0 = attend).
+    """
+    if attention_mask.dim() == 2:
+        return attention_mask.bool()
+    if attention_mask.dim() == 4:
+        if attention_mask.dtype != torch.bool:
+            attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+        return attention_mask.any(dim=1).any(dim=1)
+    raise ValueError(
+        f"`attention_mask` must be (batch, seq) with 1 for real tokens and 0 for padding (or a 4D attention mask), got "
+        f"shape {tuple(attention_mask.shape)}."
+    )
 
 
 def mix_keys_per_token(cross_head: torch.Tensor, key: torch.Tensor, compact_saved_key: bool = False) -> torch.Tensor:
@@ -387,14 +422,22 @@ class MetricScoreMixing:
         self.metric, self.layer_idx, self.metric_mask = metric, layer_idx, metric_mask
         self.metric_context, self.num_key_value_heads, self.token_mask = metric_context, num_key_value_heads, token_mask
 
-    def dynamic_weights(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if self.metric_context == "sequence":
-            z = masked_mean(hidden_states, self.token_mask)
-            return self.metric(z, self.layer_idx, self.metric_mask), None  # (b, H, H)
-        cross_head = self.metric(hidden_states, self.layer_idx, self.metric_mask)  # (b, s, H, H)
+    def dynamic_weights(
+        self, hidden_states: torch.Tensor, key_states: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """`C` of the queries `hidden_states` or of the keys' tokens `key_states` (None: the keys come from the
+        cache with their weights, and only query-side weights are made)."""
         if self.metric_context == "query":
-            return cross_head, None
+            return self.metric(hidden_states, self.layer_idx, self.metric_mask), None  # (b, t, H, H)
+        if key_states is None and self.metric_context in ("token", "sequence"):
+            if self.metric_context == "sequence":
+                raise ValueError("`metric_context='sequence'` needs the tokens the keys come from, not cached keys.")
+            return None, None
+        if self.metric_context == "sequence":
+            z = masked_mean(key_states, self.token_mask)
+            return self.metric(z, self.layer_idx, self.metric_mask), None  # (b, H, H)
         if self.metric_context == "token":
+            cross_head = self.metric(key_states, self.layer_idx, self.metric_mask)  # (b, s, H, H)
             batch, seq = cross_head.shape[:2]
             per_key_head = cross_head.reshape(batch, seq, self.num_key_value_heads, -1)
             return None, per_key_head.transpose(1, 2)

@@ -114,7 +114,7 @@ class DamchaGPT2PreTrainedModel(DamchaPreTrainedMixin, GPT2PreTrainedModel):
 
 
 class DamchaGPT2Model(DamchaGPT2PreTrainedModel, GPT2Model):
-    damcha_base_model = True
+    damcha_layer_stack = True
     forward = forward_with_cross_head_metric(GPT2Model.forward)
 
 

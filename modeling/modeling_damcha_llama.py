@@ -84,7 +84,7 @@ class DamchaLlamaPreTrainedModel(DamchaPreTrainedMixin, LlamaPreTrainedModel):
 
 
 class DamchaLlamaModel(DamchaLlamaPreTrainedModel, LlamaModel):
-    damcha_base_model = True
+    damcha_layer_stack = True
     forward = forward_with_cross_head_metric(LlamaModel.forward)
 
 

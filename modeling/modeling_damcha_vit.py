@@ -29,7 +29,7 @@ from .configuration_damcha_vit import DamchaViTConfig, _pair
 from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaAttentionMixin, DamchaPreTrainedMixin
 from .dispatch import cross_head_attention
-from .metric import CrossHeadMetric, project_heads
+from .metric import CrossHeadMetric, attended_tokens, project_heads
 
 
 class DamchaViTAttention(DamchaAttentionMixin, ViTAttention):
@@ -108,26 +108,8 @@ def check_pixel_values(config: DamchaViTConfig, pixel_values, interpolate_pos_en
         )
 
 
-def attended_tokens(attention_mask: torch.Tensor) -> torch.Tensor:
-    """`(batch, seq)` bool, True for the tokens `attention_mask` lets any query attend to.
-
-    Takes the forms `ViTModel` accepts: `(batch, seq)` with 1 for real tokens and 0 for padding, or a 4D
-    `(batch, 1 or heads, queries, keys)` mask, boolean (True = attend) or additive float (0 = attend).
-    """
-    if attention_mask.dim() == 2:
-        return attention_mask.bool()
-    if attention_mask.dim() == 4:
-        if attention_mask.dtype != torch.bool:
-            attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
-        return attention_mask.any(dim=1).any(dim=1)
-    raise ValueError(
-        f"`attention_mask` must be (batch, seq) with 1 for real tokens and 0 for padding (or a 4D attention mask), got "
-        f"shape {tuple(attention_mask.shape)}."
-    )
-
-
 class DamchaViTModel(DamchaViTPreTrainedModel, ViTModel):
-    damcha_base_model = True
+    damcha_layer_stack = True
 
     @functools.wraps(ViTModel.forward)
     def forward(

@@ -109,25 +109,26 @@ def layer_mixing(module: nn.Module) -> nn.Module:
 
 
 def score_mixing_cross_head_attention(
-    module, hidden_states, query, key, value, attention_mask, *, mixing, dropout, cache=None, **kwargs
+    module, hidden_states, query, key, value, attention_mask, *, mixing, dropout, cache=None, key_states, **kwargs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager attention whose score maps `mixing` mixes across heads, with the cache update.
 
-    `mixing` gives per-token weights (`dynamic_weights`) and mixes the maps before and after the softmax
-    (`mix_logits`, `mix_probabilities`). Its key-side weights are concatenated to the keys (last dim) before the
-    cache update and split off after it, so the cache stores them per position with the keys and any cache class
-    carries them.
+    `mixing` gives per-token weights (`dynamic_weights`, of the queries `hidden_states` and of the keys' tokens
+    `key_states`) and mixes the maps before and after the softmax (`mix_logits`, `mix_probabilities`). Its key-side
+    weights are concatenated to the keys (last dim) before the cache update and split off after it, so the cache
+    stores them per position with the keys and any cache class carries them. `key_states=None`: `key` and `value`
+    come from the cache as it stored them (a cross-attention layer's source), weights included.
     """
     config = module.config
     if config._attn_implementation not in (None, "eager"):
         eager_attn_implementation_for(config, config._attn_implementation)  # raises the error that names the fix
-    query_weights, key_weights = mixing.dynamic_weights(hidden_states)
-    head_dim = key.shape[-1]
+    query_weights, key_weights = mixing.dynamic_weights(hidden_states, key_states)
     if key_weights is not None:
         key = torch.cat([key, key_weights.to(key.dtype)], dim=-1)
     if cache is not None:
         key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
-    if key_weights is not None:
+    head_dim = value.shape[-1]
+    if key.shape[-1] > head_dim:  # the key-side weights ride behind each key
         key, key_weights = key.split([head_dim, key.shape[-1] - head_dim], dim=-1)
     return score_mixing_attention(
         module,

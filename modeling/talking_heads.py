@@ -39,7 +39,7 @@ class TalkingHeadsMixing(nn.Module):
     def from_config(cls, config) -> "TalkingHeadsMixing":
         return cls(config.num_attention_heads)
 
-    def dynamic_weights(self, hidden_states: torch.Tensor) -> tuple[None, None]:
+    def dynamic_weights(self, hidden_states: torch.Tensor, key_states: torch.Tensor | None) -> tuple[None, None]:
         """Talking-heads is static: no query-side or key-side weights come from the tokens."""
         return None, None
 

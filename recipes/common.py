@@ -398,10 +398,10 @@ def evaluation_schedule(args: argparse.Namespace) -> tuple[int | None, int]:
     return eval_steps, args.save_steps or eval_steps or args.max_steps
 
 
-def training_arguments(args: argparse.Namespace, **overrides):
-    """`TrainingArguments` from the shared options."""
+def training_arguments(args: argparse.Namespace, *, seq2seq: bool = False, **overrides):
+    """`TrainingArguments` from the shared options (`Seq2SeqTrainingArguments` for `seq2seq`)."""
     import torch
-    from transformers import TrainingArguments
+    from transformers import Seq2SeqTrainingArguments, TrainingArguments
 
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
@@ -430,7 +430,7 @@ def training_arguments(args: argparse.Namespace, **overrides):
         "use_cpu": not torch.cuda.is_available(),
     }
     kwargs.update(overrides)
-    return TrainingArguments(**kwargs)
+    return (Seq2SeqTrainingArguments if seq2seq else TrainingArguments)(**kwargs)
 
 
 def check_push(args: argparse.Namespace, *, accelerate: bool = False) -> None:

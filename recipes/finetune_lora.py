@@ -76,6 +76,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not os.path.isfile(os.path.join(args.base, "config.json")):
         parser.error(f"--base {args.base}: not a checkpoint folder (no config.json)")
     common.checks.check_output(parser, common.safe_files.check_checkpoint_files, args.base)
+    if str(common.saved_model_type(args.base)).endswith("bart"):
+        parser.error(f"--base {args.base}: a BART encoder-decoder; this recipe adapts decoder language models and "
+                     "image classifiers: train BART with recipes/train_bart.py")  # fmt: skip
     if str(common.saved_model_type(args.base)).endswith("vit"):
         if args.data is not None:
             common.check_image_data(parser, args.data)

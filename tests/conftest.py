@@ -14,7 +14,7 @@ os.environ.setdefault("USE_HUB_KERNELS", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, ViTConfig  # noqa: E402
+from transformers import BartConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, ViTConfig  # noqa: E402
 
 import damcha_hf  # noqa: E402,F401  (registers the Auto classes)
 
@@ -115,6 +115,31 @@ def randomize_metric(model: torch.nn.Module, scale: float = 0.5, seed: int = 0) 
         for name, parameter in model.named_parameters():
             if "cross_head_metric" in name:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
+
+
+# 4 heads of width 8 in each stack; token 2 ends a sequence and starts the decoder, 1 pads.
+TINY_BART = {
+    "vocab_size": 97,
+    "d_model": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 48,
+    "decoder_ffn_dim": 48,
+    "max_position_embeddings": 64,
+    "bos_token_id": 0,
+    "pad_token_id": 1,
+    "eos_token_id": 2,
+    "decoder_start_token_id": 2,
+    "forced_eos_token_id": None,
+    "dropout": 0.0,
+    "init_std": 0.1,  # attention maps peaked enough that mixing them shows in the logits
+}
+
+
+def tiny_bart_config(**overrides) -> BartConfig:
+    return BartConfig(**{**TINY_BART, **overrides})
 
 
 def randomize_cross_head(model: torch.nn.Module, scale: float = 0.3, seed: int = 0) -> None:

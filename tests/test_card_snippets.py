@@ -2,6 +2,8 @@
 to run the custom code? [y/N]" prompt would fail the run), offline, with the checkpoint folder in place of the Hub id;
 the "without the plugin" snippets in a fresh interpreter where `damcha_hf` cannot be imported."""
 
+import inspect
+import json
 import os
 import re
 import subprocess
@@ -9,13 +11,14 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from conftest import tiny_damcha_gpt2_config, tiny_damcha_vit_config
+from conftest import tiny_damcha_gpt2_config, tiny_damcha_llama_config, tiny_damcha_vit_config
 
 import damcha_hf
 from damcha_hf import hub
-from damcha_hf.data import byte_level_tokenizer
+from damcha_hf.data import NUM_BYTES, byte_level_tokenizer, train_bpe_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -124,25 +127,133 @@ def test_every_card_snippet_runs_non_interactively_as_written(checkpoints, tmp_p
     assert printed.count(" OK ") == len(with_plugin) and "DamchaGPT2LMHeadModel" in printed
 
 
-def test_tokenizer_and_image_processor_load_quietly_without_the_plugin(checkpoints, tmp_path):
-    """Where damcha_hf cannot be imported, with stdin closed: the card's tokenizer and image-processor lines load
-    without trust_remote_code, a prompt or a warning, and the tokenizer knows the model's context."""
-    gpt2, vit = checkpoints
-    code = f"""
-import json
-from transformers import AutoImageProcessor, PreTrainedTokenizerFast
-tokenizer = PreTrainedTokenizerFast.from_pretrained({str(gpt2)!r})
-processor = AutoImageProcessor.from_pretrained({str(vit)!r})
-context = json.load(open({str(gpt2 / "config.json")!r}))["n_positions"]
-print("LOADED", tokenizer("def")["input_ids"], tokenizer.model_max_length == context, type(processor).__name__)
-"""
+TOKENIZER_SAMPLES = ["def f(x):\n    return x  # naïve café, 日本", "<|endoftext|>two documents<|endoftext|>", " a"]
+TEST_IMAGE = np.arange(20 * 24 * 3, dtype=np.uint8).reshape(20, 24, 3)
+
+
+def tokenizer_behaviour(tokenizer) -> dict:
+    """What a user of a tokenizer meets: the ids of the samples, their decoding, padding, truncation at the model's
+    context and the special tokens."""
+    ids = [tokenizer(text)["input_ids"] for text in TOKENIZER_SAMPLES]
+    return {
+        "ids": ids,
+        "decoded": [tokenizer.decode(sample) for sample in ids],
+        "padded": tokenizer(TOKENIZER_SAMPLES, padding=True)["input_ids"],
+        "truncated": len(tokenizer("x" * 1000, truncation=True)["input_ids"]),
+        "model_max_length": tokenizer.model_max_length,
+        "special": [tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token, tokenizer.unk_token],
+        "length": len(tokenizer),
+    }
+
+
+@pytest.fixture(scope="module")
+def preprocessed_checkpoints(tmp_path_factory):
+    """DAMCHA checkpoints as the recipes and the demo write them, with the tokenizer or image processor they were
+    saved with: a GPT-2 with a trained BPE tokenizer, a Llama with the byte-level one, a ViT with an image processor."""
+    from transformers import ViTImageProcessor
+
+    root = tmp_path_factory.mktemp("preprocessors")
+    corpus = [f"def line_{index}(x):\n    return x * {index}  # café\n" for index in range(200)]
+    bpe, byte_level = train_bpe_tokenizer(corpus, NUM_BYTES + 40), byte_level_tokenizer()
+    end_of_text = byte_level.convert_tokens_to_ids(byte_level.eos_token)
+    models = {
+        "gpt2": (damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(vocab_size=len(bpe))), bpe),
+        "llama": (
+            damcha_hf.DamchaLlamaForCausalLM(
+                tiny_damcha_llama_config(
+                    vocab_size=len(byte_level),
+                    bos_token_id=end_of_text,
+                    eos_token_id=end_of_text,
+                    pad_token_id=end_of_text,
+                )  # fmt: skip
+            ),
+            byte_level,
+        ),
+        "vit": (
+            damcha_hf.DamchaViTForImageClassification(tiny_damcha_vit_config()),
+            ViTImageProcessor(size={"height": 28, "width": 28}),
+        ),
+    }
+    return {
+        name: (
+            hub.save_hub_checkpoint(model, root / name, tokenizer_or_processor=preprocessor, metric_heatmap=False),
+            model,
+            preprocessor,
+        )  # fmt: skip
+        for name, (model, preprocessor) in models.items()
+    }
+
+
+def test_auto_tokenizer_and_image_processor_load_quietly_without_the_plugin(preprocessed_checkpoints, tmp_path):
+    """Where damcha_hf cannot be imported, stdin closed: `AutoTokenizer.from_pretrained(folder, subfolder="tokenizer")`
+    and `AutoImageProcessor.from_pretrained(folder)`, as the card says, load without trust_remote_code, a prompt, a
+    Python warning or a transformers log line, and give what the saved tokenizer and processor give. From the top
+    folder `AutoTokenizer` reads config.json, and stops at the remote-code prompt (the reason for the subfolder)."""
+    from PIL import Image
+
+    text = {name: str(preprocessed_checkpoints[name][0]) for name in ("gpt2", "llama")}
+    vit = preprocessed_checkpoints["vit"][0]
+    np.save(tmp_path / "image.npy", TEST_IMAGE)
+    code = inspect.getsource(tokenizer_behaviour) + textwrap.dedent(
+        f"""
+        import contextlib, io, json, logging, warnings
+        import numpy as np
+        from PIL import Image
+        from transformers import AutoImageProcessor, AutoTokenizer
+
+        TOKENIZER_SAMPLES = {TOKENIZER_SAMPLES!r}
+        logged = []
+        collector = logging.Handler(logging.DEBUG)
+        collector.emit = lambda record: logged.append(record.getMessage()) if record.levelno >= logging.WARNING else None
+        logging.getLogger("transformers").addHandler(collector)
+        results = {{}}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for name, folder in {text!r}.items():
+                tokenizer = AutoTokenizer.from_pretrained(folder, subfolder="tokenizer")
+                results[name] = tokenizer_behaviour(tokenizer)
+            processor = AutoImageProcessor.from_pretrained({str(vit)!r})
+            image = Image.fromarray(np.load({str(tmp_path / "image.npy")!r}))
+            results["vit"] = processor(image, return_tensors="np")["pixel_values"].tolist()
+        print("RESULTS", json.dumps({{"results": results, "warnings": [str(w.message) for w in caught],
+                                      "logged": logged}}))
+
+        # The top folder, for contrast: the prompt's text goes to stdout, which is kept apart here.
+        prompt = io.StringIO()
+        logging.getLogger("transformers").handlers[0].setLevel(logging.CRITICAL)
+        with contextlib.redirect_stdout(prompt):
+            AutoTokenizer.from_pretrained({text["gpt2"]!r})
+        print("TOP FOLDER PROMPTS", "Do you wish to run the custom code" in prompt.getvalue())
+        """
+    )
     printed = run_quietly(code, tmp_path)
-    assert "LOADED [100, 101, 102] True ViTImageProcessor" in printed
-    for snippet in card_snippets(gpt2) + card_snippets(vit):
-        if "import damcha_hf" not in snippet:
-            assert "preprocessor = PreTrainedTokenizerFast" in snippet or "preprocessor = AutoImageProcessor" in snippet
-            assert 'preprocessor = AutoImageProcessor.from_pretrained("' in snippet or "Tokenizer" in snippet
-            assert "trust_remote_code" not in snippet.split("preprocessor =", 1)[1]
+    assert "Do you wish to run the custom code" not in printed
+    assert "TOP FOLDER PROMPTS True" in printed
+    report = json.loads(printed.split("RESULTS ", 1)[1].splitlines()[0])
+    assert report["warnings"] == [] and report["logged"] == []
+    for name in ("gpt2", "llama"):
+        folder, model, tokenizer = preprocessed_checkpoints[name]
+        expected = tokenizer_behaviour(tokenizer)
+        assert expected["model_max_length"] != model.config.max_position_embeddings  # the save fitted it
+        expected.update(model_max_length=model.config.max_position_embeddings,
+                        truncated=model.config.max_position_embeddings)  # fmt: skip
+        assert report["results"][name] == expected
+        assert report["results"][name]["decoded"] == TOKENIZER_SAMPLES  # byte-level: every text round-trips
+    _, _, processor = preprocessed_checkpoints["vit"]
+    expected_pixels = processor(Image.fromarray(TEST_IMAGE), return_tensors="np")["pixel_values"]
+    np.testing.assert_allclose(np.array(report["results"]["vit"]), expected_pixels, rtol=0, atol=1e-6)
+
+    # The card says the same, and its lines load quietly (the card test above runs them as written).
+    for name in ("gpt2", "llama", "vit"):
+        folder = preprocessed_checkpoints[name][0]
+        without_plugin = [snippet for snippet in card_snippets(folder) if "import damcha_hf" not in snippet]
+        assert len(without_plugin) == 1
+        loading = without_plugin[0].split("preprocessor =", 1)[1]
+        assert "trust_remote_code" not in loading
+        if name == "vit":
+            assert loading.startswith(f' AutoImageProcessor.from_pretrained("{folder}")')
+        else:
+            assert loading.startswith(f' AutoTokenizer.from_pretrained("{folder}", subfolder="tokenizer")')
 
 
 def load_lora_recipe():

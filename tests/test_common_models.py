@@ -1,5 +1,5 @@
-"""transformers' own common model tests (`ModelTesterMixin`, `ConfigTester`) run against the DAMCHA GPT-2, Llama and
-ViT classes, as transformers runs them against GPT-2, Llama and ViT.
+"""transformers' own common model tests (`ModelTesterMixin`, `ConfigTester`) run against the DAMCHA GPT-2, Llama, ViT
+and BART classes, as transformers runs them against GPT-2, Llama, ViT and BART.
 
 The mixins come from the installed transformers release's own sdist (`upstream_common_tests.py`: downloaded once per
 version into a cache outside the repository); without a reachable package index this file skips with the reason.
@@ -16,14 +16,20 @@ from unittest import mock
 
 import pytest
 import torch
+from parameterized import parameterized
 from torch import nn
 from transformers import GPT2DoubleHeadsModel
 from transformers.models.auto.auto_factory import get_values
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES,
+    MODEL_MAPPING_NAMES,
+)
 from upstream_common_tests import CommonTestsUnavailable, import_common_tests
 
-from damcha_hf import DamchaGPT2Config, DamchaLlamaConfig, DamchaViTConfig
-from damcha_hf.families import FAMILIES, GPT2_FAMILY, LLAMA_FAMILY, VIT_FAMILY
+from damcha_hf import DamchaBartConfig, DamchaGPT2Config, DamchaLlamaConfig, DamchaViTConfig
+from damcha_hf.families import BART_FAMILY, FAMILIES, GPT2_FAMILY, LLAMA_FAMILY, VIT_FAMILY
+from damcha_hf.modeling import modeling_damcha_bart
 
 pytestmark = pytest.mark.common
 
@@ -32,7 +38,8 @@ try:
 except CommonTestsUnavailable as error:
     pytest.skip(f"transformers' common tests are taken from its sdist, which is unavailable: {error}",
                 allow_module_level=True)  # fmt: skip
-ModelTesterMixin = upstream["test_modeling_common"].ModelTesterMixin
+common_module = upstream["test_modeling_common"]
+ModelTesterMixin = common_module.ModelTesterMixin
 floats_tensor = upstream["test_modeling_common"].floats_tensor
 ids_tensor = upstream["test_modeling_common"].ids_tensor
 random_attention_mask = upstream["test_modeling_common"].random_attention_mask
@@ -58,6 +65,7 @@ class DamchaTesterMixin(ModelTesterMixin):
 
     # Random non-zero generator weights wherever a model is built (its `_init_weights` runs on every construction).
     random_generator = False
+    stack_classes: tuple[type, ...] = ()
     # The mixin skips this check for models whose config file carries no copyright year of 2023 or later ("not a
     # prioritized model"), which the DAMCHA files carry none of: every weight must be set by `_init_weights`.
     test_can_init_all_missing_weights_before_2023 = True
@@ -67,7 +75,9 @@ class DamchaTesterMixin(ModelTesterMixin):
             # The weight init starts the generator's output layer at zero: follow it with random weights there, in
             # `_init_weights` itself, so that a model built by `__init__` and one whose weights `from_pretrained`
             # initialises (the mixin compares the two) get the same ones.
-            for model_class in self.all_model_classes:
+            # A model's layer stacks (BART's encoder and decoder) are models of their own, initialised by their own
+            # class's `_init_weights`: those are patched too.
+            for model_class in (*self.all_model_classes, *self.stack_classes):
                 original = model_class._init_weights
 
                 def init_then_randomize_the_generator_output(model, module, original=original):
@@ -140,7 +150,14 @@ class DamchaTesterMixin(ModelTesterMixin):
         return mock.patch.dict(mapping_names, damcha_names)
 
     def test_causal_lm_loss_honors_shift_labels(self):
-        with self._listed_like_their_stock_classes(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        # It also leaves out the heads whose stock class takes its labels unshifted (BartForCausalLM), by name.
+        unshifted = common_module.UNSHIFTED_LM_HEADS | {
+            c.__name__ for c in self.all_model_classes if stock_class_of(c).__name__ in common_module.UNSHIFTED_LM_HEADS
+        }
+        with (
+            self._listed_like_their_stock_classes(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+            mock.patch.object(common_module, "UNSHIFTED_LM_HEADS", unshifted),
+        ):
             super().test_causal_lm_loss_honors_shift_labels()
 
     # The RoPE tests look for the base model (`LlamaModel`) by name; GPT-2 and ViT skip them (no RoPE).
@@ -371,8 +388,150 @@ class DamchaViTRandomGeneratorCommonTest(DamchaViTCommonTest):
     random_generator = True
 
 
+# --- BART -------------------------------------------------------------------------------------------------------------
+
+
+class DamchaBartModelTester:
+    """As transformers' BART tester: sources ending in </s> (the sequence classifier reads the last </s>), decoder
+    inputs, both attention masks; `decoder_only` gives the inputs of BART's decoder alone (`BartForCausalLM`)."""
+
+    def __init__(self, parent, batch_size=2, seq_length=7, vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                 num_attention_heads=4, metric_context="token", decoder_only=False):  # fmt: skip
+        self.parent = parent
+        self.batch_size, self.seq_length, self.vocab_size = batch_size, seq_length, vocab_size
+        self.hidden_size, self.num_hidden_layers = hidden_size, num_hidden_layers
+        self.num_attention_heads, self.metric_context = num_attention_heads, metric_context
+        self.decoder_only = decoder_only
+        self.is_training = True
+        self.num_labels = 3
+        self.encoder_seq_length = self.decoder_seq_length = seq_length
+
+    def get_config(self) -> DamchaBartConfig:
+        return DamchaBartConfig(
+            vocab_size=self.vocab_size,
+            d_model=self.hidden_size,
+            encoder_layers=self.num_hidden_layers,
+            decoder_layers=self.num_hidden_layers,
+            encoder_attention_heads=self.num_attention_heads,
+            decoder_attention_heads=self.num_attention_heads,
+            encoder_ffn_dim=37,
+            decoder_ffn_dim=37,
+            max_position_embeddings=64,
+            dropout=0.1,
+            attention_dropout=0.1,
+            num_labels=self.num_labels,
+            bos_token_id=0,
+            pad_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+            is_encoder_decoder=not self.decoder_only,
+            is_decoder=self.decoder_only,
+            metric_hidden_size=8,
+            metric_context=self.metric_context,
+        )
+
+    def prepare_config_and_inputs_for_common(self):
+        input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size - 3) + 3
+        if self.decoder_only:
+            attention_mask = random_attention_mask([self.batch_size, self.seq_length])
+            return self.get_config(), {"input_ids": input_ids, "attention_mask": attention_mask}
+        input_ids[:, -1] = 2
+        decoder_input_ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size - 3) + 3
+        return self.get_config(), {
+            "input_ids": input_ids,
+            "attention_mask": input_ids.ne(1),
+            "decoder_input_ids": decoder_input_ids,
+            "decoder_attention_mask": decoder_input_ids.ne(1),
+        }
+
+
+BART_ENCODER_DECODER_CLASSES = tuple(head.model_class for head in BART_FAMILY.heads
+                                     if head.auto_class != "AutoModelForCausalLM")  # fmt: skip
+
+
+BART_STACKS = (modeling_damcha_bart.DamchaBartEncoder, modeling_damcha_bart.DamchaBartDecoder)
+
+
+class DamchaBartCommonTest(DamchaTesterMixin, GenerationTesterMixin, unittest.TestCase):
+    all_model_classes = BART_ENCODER_DECODER_CLASSES
+    stack_classes = BART_STACKS
+    is_encoder_decoder = True
+
+    @contextlib.contextmanager
+    def _without_the_sequence_classifier(self):
+        """Stock BART's sequence classifier reads the last </s> of each source and refuses sources with unequal
+        counts of it (padded or embedded ones): transformers' own BART test leaves it out of these tests too."""
+        every_class = self.all_model_classes
+        self.all_model_classes = tuple(c for c in every_class
+                                       if stock_class_of(c).__name__ != "BartForSequenceClassification")  # fmt: skip
+        try:
+            yield
+        finally:
+            self.all_model_classes = every_class
+
+    def test_inputs_embeds(self):
+        with self._without_the_sequence_classifier():
+            super().test_inputs_embeds()
+
+    @parameterized.expand(common_module.TEST_EAGER_MATCHES_SDPA_INFERENCE_PARAMETERIZATION)
+    def test_eager_matches_sdpa_inference(self, *parameters):
+        # Its padded batches give the sources unequal counts of </s>.
+        with self._without_the_sequence_classifier():
+            common_module._test_eager_matches_sdpa_inference(self, *parameters)
+
+    def set_up_testers(self):
+        self.model_tester = DamchaBartModelTester(self)
+        self.config_tester = ConfigTester(self, config_class=DamchaBartConfig, d_model=36, encoder_attention_heads=12,
+                                          decoder_attention_heads=12)  # fmt: skip
+
+    def test_config(self):
+        self.config_tester.run_common_tests()
+
+    def test_attention_outputs(self):
+        # It counts a question-answering model's outputs by finding the class name in the Auto mapping.
+        with self._listed_like_their_stock_classes(MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES):
+            super().test_attention_outputs()
+
+
+class DamchaBartRandomGeneratorCommonTest(DamchaBartCommonTest):
+    random_generator = True
+
+
+class DamchaBartDecoderCommonTest(DamchaTesterMixin, GenerationTesterMixin, unittest.TestCase):
+    """BART's decoder alone (`DamchaBartForCausalLM`), as transformers tests `BartForCausalLM` on its own."""
+
+    all_model_classes = (BART_FAMILY.head_for_auto_class("AutoModelForCausalLM").model_class,)
+    stack_classes = BART_STACKS
+    is_encoder_decoder = False
+
+    def set_up_testers(self):
+        self.model_tester = DamchaBartModelTester(self, decoder_only=True)
+
+    # The decoder alone never runs its cross-attention layers (stock `BartForCausalLM` neither), so they get no
+    # gradient, which these tests require of every weight.
+    IDLE_CROSS_ATTENTION = "BART's decoder alone leaves its cross-attention layers idle: they get no gradient"
+
+    @unittest.skip(IDLE_CROSS_ATTENTION)
+    def test_training_gradient_checkpointing(self):
+        pass
+
+    @unittest.skip(IDLE_CROSS_ATTENTION)
+    def test_training_gradient_checkpointing_use_reentrant_false(self):
+        pass
+
+    @unittest.skip(IDLE_CROSS_ATTENTION)
+    def test_training_gradient_checkpointing_use_reentrant_true(self):
+        pass
+
+
+class DamchaBartDecoderRandomGeneratorCommonTest(DamchaBartDecoderCommonTest):
+    random_generator = True
+
+
 def test_every_head_of_every_family_runs_the_common_tests():
     """Nothing silently left out: each test class covers every head its family declares."""
     assert set(DamchaGPT2CommonTest.all_model_classes) == {head.model_class for head in GPT2_FAMILY.heads}
     assert set(DamchaLlamaCommonTest.all_model_classes) == {head.model_class for head in LLAMA_FAMILY.heads}
     assert set(DamchaViTCommonTest.all_model_classes) == {head.model_class for head in VIT_FAMILY.heads}
+    bart_classes = set(DamchaBartCommonTest.all_model_classes) | set(DamchaBartDecoderCommonTest.all_model_classes)
+    assert bart_classes == {head.model_class for head in BART_FAMILY.heads}

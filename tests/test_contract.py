@@ -12,6 +12,7 @@ import torch
 from conftest import (
     CACHE_ARGUMENT,
     randomize_cross_head,
+    tiny_bart_config,
     tiny_damcha_gpt2_config,
     tiny_damcha_llama_config,
     tiny_damcha_vit_config,
@@ -175,6 +176,8 @@ def _config_for(damcha_class):
         return tiny_damcha_gpt2_config(add_cross_attention=True, num_labels=3)
     if damcha_class.__module__.endswith("llama"):
         return tiny_damcha_llama_config(num_labels=3)
+    if damcha_class.__module__.endswith("bart"):
+        return damcha_hf.DamchaBartConfig(**tiny_bart_config(num_labels=3).to_dict())
     return tiny_damcha_vit_config(encoder_stride=4)
 
 

@@ -122,13 +122,13 @@ def test_demo_tiny_run_writes_a_loadable_checkpoint(tmp_path, capsys, monkeypatc
     assert card_masses and inspected == card_masses
 
     # An earlier run is replaced only with --overwrite-output-dir: refused in one line, the folder untouched.
-    before = {path.name: path.read_bytes() for path in output.iterdir()}
+    before = {path: path.read_bytes() for path in output.rglob("*") if path.is_file()}
     exit_code = main(["demo", "--data", str(corpus), "--output-dir", str(output), "--max-steps", "5",
                       "--time-budget", "0", *TINY_DEMO_ARGS])  # fmt: skip
     assert exit_code == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "holds an earlier demo run" in error[0] and "--overwrite-output-dir" in error[0]
-    assert {path.name: path.read_bytes() for path in output.iterdir()} == before
+    assert {path: path.read_bytes() for path in output.rglob("*") if path.is_file()} == before
 
 
 def test_demo_prints_no_download_bars_or_loss_type_warnings(tmp_path):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import transformers
-from conftest import TINY_VIT, randomize_metric, tiny_gpt2_config, tiny_llama_config
+from conftest import TINY_VIT, randomize_metric, tiny_bart_config, tiny_gpt2_config, tiny_llama_config
 from test_remote_code import load_checkpoints_in_fresh_process
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -38,6 +38,13 @@ def text_inputs() -> dict:
     return {"input_ids": torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(0))}
 
 
+def source_inputs() -> dict:
+    """Sources ending in </s>, as BART's sequence classifier needs."""
+    inputs = text_inputs()
+    inputs["input_ids"][:, -1] = 2
+    return inputs
+
+
 def image_inputs() -> dict:
     shape = (2, TINY_VIT["num_channels"], TINY_VIT["image_size"], TINY_VIT["image_size"])
     return {"pixel_values": torch.randn(shape, generator=torch.Generator().manual_seed(0))}
@@ -50,10 +57,14 @@ CASES = {
                         ("token", "query")),
     "vit": FamilyCase(damcha_hf.families.VIT_FAMILY, lambda: transformers.ViTConfig(**TINY_VIT), image_inputs,
                       ("sequence", "token", "query")),
+    "bart": FamilyCase(damcha_hf.families.BART_FAMILY, lambda: tiny_bart_config(num_labels=3), source_inputs,
+                       ("token", "query")),
 }  # fmt: skip
 HEADS = [(name, head) for name, case in CASES.items() for head in case.family.heads]
 CONTEXTS = [(name, context) for name, case in CASES.items() for context in case.contexts]
-CAUSAL_CONTEXTS = [(name, context) for name, context in CONTEXTS if CASES[name].family.causal]
+# Decoder-only generation; an encoder-decoder's is checked in test_bart.py.
+CAUSAL_CONTEXTS = [(name, context) for name, context in CONTEXTS
+                   if CASES[name].family.causal and not CASES[name].family.encoder_decoder]  # fmt: skip
 # Every head with the family's first context, and the task head with each other context.
 SAVE_CASES = [(name, head, CASES[name].contexts[0]) for name, head in HEADS] + [
     (name, CASES[name].family.task_head, context) for name, context in CONTEXTS if context != CASES[name].contexts[0]
@@ -79,6 +90,13 @@ def head_id(value):
 
 def first_output(outputs) -> torch.Tensor:
     return outputs.logits if getattr(outputs, "logits", None) is not None else outputs[0]
+
+
+def hidden_states_of(outputs) -> tuple[torch.Tensor, ...]:
+    """Every layer's hidden states: the model's, or an encoder-decoder's encoder's then decoder's."""
+    if getattr(outputs, "hidden_states", None) is not None:
+        return outputs.hidden_states
+    return outputs.encoder_hidden_states + outputs.decoder_hidden_states
 
 
 def assert_generator_starts_at_zero(model):
@@ -156,7 +174,7 @@ def test_conversion_equals_the_stock_model(name, head, attn, sharing):
             expected = stock(**case.inputs(), output_hidden_states=True)
             got = damcha(**case.inputs(), output_hidden_states=True)
         torch.testing.assert_close(first_output(got), first_output(expected), rtol=0, atol=1e-5)
-        for got_hidden, expected_hidden in zip(got.hidden_states, expected.hidden_states, strict=True):
+        for got_hidden, expected_hidden in zip(hidden_states_of(got), hidden_states_of(expected), strict=True):
             torch.testing.assert_close(got_hidden, expected_hidden, rtol=0, atol=1e-5)
 
 
@@ -206,12 +224,21 @@ def test_attention_maps_are_probability_maps(name, context):
         length = (config.image_size // config.patch_size) ** 2 + 1  # the patches and the CLS token
     with torch.no_grad():
         outputs = model(**inputs, output_attentions=True, output_hidden_states=True)
-    assert len(outputs.attentions) == config.num_hidden_layers == len(outputs.hidden_states) - 1
-    for attention in outputs.attentions:
-        assert attention.shape == (2, config.num_attention_heads, length, length)
-        torch.testing.assert_close(attention.sum(-1), torch.ones(2, config.num_attention_heads, length))
-        if CASES[name].family.causal:
-            assert torch.all(attention.triu(1) == 0)
+    causal = CASES[name].family.causal
+    if CASES[name].family.encoder_decoder:  # the encoder's, the decoder's (causal) and the cross-attention's maps
+        maps = [(outputs.encoder_attentions, False), (outputs.decoder_attentions, True),
+                (outputs.cross_attentions, False)]  # fmt: skip
+        assert len(outputs.decoder_attentions) == len(outputs.cross_attentions) == config.decoder_layers
+    else:
+        maps = [(outputs.attentions, causal)]
+        assert len(outputs.attentions) == len(outputs.hidden_states) - 1
+    assert len(maps[0][0]) == config.num_hidden_layers
+    for attentions, causal in maps:
+        for attention in attentions:
+            assert attention.shape == (2, config.num_attention_heads, length, length)
+            torch.testing.assert_close(attention.sum(-1), torch.ones(2, config.num_attention_heads, length))
+            if causal:
+                assert torch.all(attention.triu(1) == 0)
 
 
 # --- causal families: the cache, causality, padding -------------------------------------------------------------------

@@ -196,10 +196,17 @@ def test_save_hub_checkpoint_writes_everything_atomically(tmp_path):
     names = {path.name for path in folder.iterdir()}
     assert names == {
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-        "README.md", "loss_curve.png", "metric_heatmap.png", ".damcha-hf-files.json", *GPT2_CODE_FILES,
+        "README.md", "loss_curve.png", "metric_heatmap.png", ".damcha-hf-files.json", "tokenizer", *GPT2_CODE_FILES,
     } | ({"special_tokens_map.json"} & names)  # fmt: skip
+    # The tokenizer again, in a subfolder without config.json: AutoTokenizer loads it without the plugin.
+    assert {path.name for path in (folder / "tokenizer").iterdir()} == {
+        name for name in names if name.startswith(("tokenizer.", "tokenizer_config", "special_tokens"))
+    }
     # The save's record lists every file it wrote, but itself.
-    assert set(json.loads((folder / ".damcha-hf-files.json").read_text())["files"]) == names - {".damcha-hf-files.json"}
+    written = {str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file()}
+    assert set(json.loads((folder / ".damcha-hf-files.json").read_text())["files"]) == written - {
+        ".damcha-hf-files.json"
+    }
     readme = (folder / "README.md").read_text()
     assert "(loss_curve.png)" in readme and "(metric_heatmap.png)" in readme and "| 1 | " in readme  # mass table
     assert str(tmp_path) not in all_text(folder)
@@ -218,15 +225,55 @@ def test_save_hub_checkpoint_writes_everything_atomically(tmp_path):
             Path(directory, "tokenizer.json").write_text("{")
             raise OSError("disk full")
 
-    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    before = {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()}
     with pytest.raises(OSError, match="disk full"):
         hub.save_hub_checkpoint(model, folder, tokenizer_or_processor=BrokenTokenizer(), overwrite=True)
-    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before  # the old checkpoint is untouched
+    assert {path: path.read_bytes() for path in folder.rglob("*") if path.is_file()} == before  # the old one, untouched
     assert [path.name for path in (tmp_path / "run").iterdir()] == ["hub"]
 
     hub.save_hub_checkpoint(model, folder, overwrite=True, metric_heatmap=False)
     assert not (folder / "tokenizer.json").exists() and not (folder / "metric_heatmap.png").exists()
+    assert not (folder / "tokenizer").exists()
     assert "No training log was recorded" in (folder / "README.md").read_text()
+
+
+def test_the_tokenizer_subfolder_is_the_saves_own_and_is_pushed(tmp_path):
+    """The copy of the tokenizer in `tokenizer/` is recorded, pushed and replaced with the rest of the checkpoint; a
+    file of the user's put in it makes a later save refuse, naming it, with nothing touched; a link leaving the
+    folder is refused by the push. A stock model's checkpoint has no such copy: AutoTokenizer reads its top folder."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from damcha_hf.safe_files import UnsafeOutputError
+
+    def files(folder: Path) -> dict[str, bytes]:
+        return {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+
+    tokenizer = tiny_tokenizer()
+    folder = hub.save_hub_checkpoint(
+        tiny_lm(), tmp_path / "hub", tokenizer_or_processor=tokenizer, metric_heatmap=False
+    )
+    copies = {f"tokenizer/{name}" for name in ("tokenizer.json", "tokenizer_config.json")}
+    assert copies <= set(hub.upload_plan(folder))
+    for name in copies:
+        assert files(folder)[name] == files(folder)[name.removeprefix("tokenizer/")]
+
+    hub.save_hub_checkpoint(tiny_lm(), folder, tokenizer_or_processor=tokenizer, metric_heatmap=False, overwrite=True)
+    (folder / "tokenizer" / "notes.txt").write_text("mine")
+    before = files(folder)
+    with pytest.raises(UnsafeOutputError, match="tokenizer/notes.txt"):
+        hub.save_hub_checkpoint(tiny_lm(), folder, metric_heatmap=False, overwrite=True)
+    assert files(folder) == before
+
+    (folder / "tokenizer" / "notes.txt").unlink()
+    outside = tmp_path / "outside"
+    (folder / "tokenizer").rename(outside)
+    (folder / "tokenizer").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(hub.HubPushError, match="outside the checkpoint folder"):
+        hub.upload_plan(folder)
+
+    stock = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=32, n_embd=32, n_layer=1, n_head=4))
+    baseline = hub.save_hub_checkpoint(stock, tmp_path / "stock", tokenizer_or_processor=tokenizer)
+    assert (baseline / "tokenizer.json").is_file() and not (baseline / "tokenizer").exists()
 
 
 # ------------------------------------------------------------------------------------------------------------- push
@@ -314,6 +361,7 @@ def test_push_uploads_only_the_hub_files_and_the_result_loads_with_remote_code(t
     assert uploaded == sorted([
         "README.md", "config.json", "generation_config.json", "loss_curve.png", "metric_heatmap.png",
         "model.safetensors", "tokenizer.json", "tokenizer_config.json", *GPT2_CODE_FILES,
+        "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json",
     ] + (["special_tokens_map.json"] if (folder / "special_tokens_map.json").exists() else []))  # fmt: skip
     for name in uploaded:
         assert (repo / name).read_bytes() == (folder / name).read_bytes() or name == "README.md"

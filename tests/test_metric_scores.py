@@ -88,7 +88,7 @@ def test_scores_form_matches_the_head_pair_oracle(context, mask, kv_heads):
         metric, layer_idx=0, metric_context=context, metric_mask=mask, num_key_value_heads=kv_heads,
         token_mask=token_mask,
     )  # fmt: skip
-    query_weights, key_weights = mixing.dynamic_weights(hidden_states)
+    query_weights, key_weights = mixing.dynamic_weights(hidden_states, hidden_states)
     if causal:
         attention_mask = torch.ones(SEQ, SEQ).tril().bool()[None, None].expand(BATCH, 1, SEQ, SEQ)
     else:

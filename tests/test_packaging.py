@@ -104,6 +104,31 @@ print(json.dumps({{
     assert report["same_class"] and report["one_error_class"]
 
 
+@pytest.mark.parametrize(
+    "first_use",
+    [
+        "damcha_hf.DamchaGPT2LMHeadModel",  # a model file first: it imports transformers' GPT-2, then the Auto module
+        "__import__('damcha_hf.hub').hub.save_hub_checkpoint",  # the family table first, from inside the package
+    ],
+)
+def test_any_public_name_used_first_imports_and_registers(first_use):
+    """Whatever a fresh process touches first, the model files load once and every Auto class then resolves them."""
+    completed = run_python(
+        f"""
+import damcha_hf
+{first_use}
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+causal = AutoModelForCausalLM.from_config(AutoConfig.for_model("damcha_gpt2", n_layer=1, n_embd=32, n_head=4))
+seq2seq = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model(
+    "damcha_bart", d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+    decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32))
+print(type(causal).__name__, type(seq2seq).__name__, type(causal) is damcha_hf.DamchaGPT2LMHeadModel)
+"""
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.split() == ["DamchaGPT2LMHeadModel", "DamchaBartForConditionalGeneration", "True"]
+
+
 def test_parsers_build_without_torch():
     """Every parser (the command line, each subcommand, each recipe) is built and answers --help without importing
     torch, transformers or the data libraries."""

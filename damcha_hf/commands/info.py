@@ -11,6 +11,7 @@ PRESET_DESCRIPTIONS = {
     "gpt2-small": "(default)",
     "tinyllama": "(TinyLlama-1.1B, GQA 32/4 heads)",
     "vit-small": "(ViT-S/16, 224px, 1000 classes)",
+    "bart-base": "(encoder-decoder, 6+6 layers, width 768)",
 }
 PRESETS = tuple(PRESET_DESCRIPTIONS)
 PRESET_HELP = ", ".join(f"{name} {description}" for name, description in PRESET_DESCRIPTIONS.items())
@@ -84,8 +85,12 @@ def run(args: argparse.Namespace) -> int:
             model = saved_class(config) if saved_class is not None else AutoModel.from_config(config)
     generator, total = generator_share(model)
     rows = [("model", f"{type(model).__name__} ({args.model})")]
-    fields = ("cross_head_variant", "metric_context", "metric_mask", "metric_sharing", "metric_hidden_size")
+    fields = ("cross_head_variant", "metric_context", "metric_mask", "metric_sharing", "metric_hidden_size",
+              "metric_form")  # fmt: skip
     rows += [(field, getattr(config, field)) for field in fields]
+    # An encoder-decoder's own settings: the encoder's context and the cross-attention's generator.
+    encoder_decoder = (("encoder_context", "encoder_context"), ("cross_attention", "cross_attention_metric"))
+    rows += [(label, getattr(config, field)) for label, field in encoder_decoder if hasattr(config, field)]
     rows += [
         ("parameters", f"{total:,}"),
         ("cross-head params", f"{generator:,} ({100 * generator / total:.3f}% of the model)"),

@@ -21,7 +21,7 @@ from ..safe_files import (
     make_staging_folder,
     write_save_record,
 )
-from .model_card import build_model_card, cross_head_variant
+from .model_card import TOKENIZER_SUBFOLDER, build_model_card, cross_head_variant
 from .push import check_no_local_paths, completed_config, config_json_bytes, upload_plan
 from .training_log import write_loss_curve
 
@@ -52,6 +52,8 @@ def save_hub_checkpoint(
     Contents: `model.safetensors` (or shards), `config.json` (with `auto_map`), `generation_config.json` for
     generative models, the model code, the tokenizer or image processor, `README.md` (see `build_model_card`),
     `loss_curve.png` (when `log_history` logged a loss) and `metric_heatmap.png` (unless `metric_heatmap=False`).
+    A DAMCHA model's tokenizer is also saved in `tokenizer/`, without a config.json, where `AutoTokenizer` loads it
+    without the plugin and without remote code (`AutoTokenizer.from_pretrained(folder, subfolder="tokenizer")`).
 
     Args:
         model: a DAMCHA `PreTrainedModel` (merge LoRA adapters first: `model.merge_and_unload()`).
@@ -76,7 +78,7 @@ def save_hub_checkpoint(
     `folder` is never left half-written; what a killed save leaves beside it is restored or removed by the next save
     into `folder` (`damcha_hf.safe_files.recover_interrupted_saves`).
     """
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     if not isinstance(model, PreTrainedModel):
         raise TypeError(
@@ -94,8 +96,13 @@ def save_hub_checkpoint(
         config, changed = completed_config(staging)
         if changed:
             atomic_write(staging / "config.json", config_json_bytes(config))
+        tokenizer_subfolder = None
         if tokenizer_or_processor is not None:
-            fitted_to_context(tokenizer_or_processor, model.config).save_pretrained(staging)
+            preprocessor = fitted_to_context(tokenizer_or_processor, model.config)
+            preprocessor.save_pretrained(staging)
+            if isinstance(preprocessor, PreTrainedTokenizerBase) and "AutoConfig" in (config.get("auto_map") or {}):
+                tokenizer_subfolder = TOKENIZER_SUBFOLDER  # see there: AutoTokenizer's way around config.json
+                preprocessor.save_pretrained(staging / tokenizer_subfolder)
         images = {}
         if log_history is not None and write_loss_curve(
             log_history, staging / LOSS_CURVE_FILE, baselines=baseline_log_histories, name=model_name or "this model"
@@ -126,6 +133,7 @@ def save_hub_checkpoint(
             metric_map=metric_map,
             model_name=model_name,
             has_preprocessor=tokenizer_or_processor is not None,
+            tokenizer_subfolder=tokenizer_subfolder,
             **card_fields,
         )
         atomic_write(staging / CARD_FILE, str(card))

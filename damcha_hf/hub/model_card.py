@@ -15,6 +15,12 @@ from .training_log import TrainingLog, is_number, parse_log_history
 
 # Stands for the repository id in a card written before the repository is known; `push_checkpoint` fills it in.
 REPO_PLACEHOLDER = "your-name/your-damcha-model"
+# A copy of a DAMCHA checkpoint's tokenizer, with no config.json beside it. Where the plugin is not installed,
+# `AutoTokenizer.from_pretrained(folder)` first reads the folder's config.json (transformers 5.23 to 5.25,
+# models/auto/tokenization_auto.py, `AutoTokenizer.from_pretrained`), meets a `model_type` it does not know with remote
+# code in `auto_map`, and asks "Do you wish to run the custom code? [y/N]"; no content of the tokenizer files can
+# prevent that. From this subfolder it finds no config and loads the tokenizer class the tokenizer files name.
+TOKENIZER_SUBFOLDER = "tokenizer"
 
 PAPER_TITLE = "Data-Adaptive Mahalanobis Metric Learning for Cross-Head Attention in Transformers"
 CITATION_BIBTEX = f"""@inproceedings{{damcha2026,
@@ -122,6 +128,7 @@ def build_model_card(
     model_name: str | None = None,
     repo_id: str = REPO_PLACEHOLDER,
     has_preprocessor: bool = True,
+    tokenizer_subfolder: str | None = None,
     log_source: str = "the `Trainer` log history",
     comparison: Mapping[str, Mapping[str, float]] | None = None,
     notes: Sequence[str] = (),
@@ -141,6 +148,10 @@ def build_model_card(
             `save_hub_checkpoint` writes both and fills this in.
         metric_map: the `MetricMap` behind the heatmap, for the per-layer off-diagonal mass table.
         repo_id: used in the loading snippets; `push_checkpoint` replaces the placeholder with the real id.
+        tokenizer_subfolder: the subfolder holding a copy of the tokenizer without a config.json
+            (`TOKENIZER_SUBFOLDER`, written by `save_hub_checkpoint`): the snippet without the plugin loads it from
+            there with `AutoTokenizer`. None: that snippet loads the tokenizer files beside the weights with
+            `PreTrainedTokenizerFast`, which reads no config.json either.
         log_source: what `log_history` is, for the training section (e.g. "the demo's training loop").
         comparison: `{"MHA baseline": {"bits_per_byte": 2.1}, ...}`: models trained the same way, shown in a table
             beside this model's `eval_results` (never as this model's metrics).
@@ -257,7 +268,9 @@ def build_model_card(
                 ]
             ),
         ),
-        loading_section(auto_class, repo_id, family, has_preprocessor, stock=stock),
+        loading_section(
+            auto_class, repo_id, family, has_preprocessor, stock=stock, tokenizer_subfolder=tokenizer_subfolder
+        ),
     ]
     if "metric_heatmap" in images or metric_map is not None:
         sections.append(metric_section(images.get("metric_heatmap"), metric_map))
@@ -281,20 +294,33 @@ def build_model_card(
     return ModelCard(content)
 
 
-def loading_section(auto_class: str, repo_id: str, family: str, has_preprocessor: bool, stock: bool = False) -> str:
+def loading_section(
+    auto_class: str,
+    repo_id: str,
+    family: str,
+    has_preprocessor: bool,
+    stock: bool = False,
+    tokenizer_subfolder: str | None = None,
+) -> str:
     vision = family_for_model_type(family).vision
 
     def snippet(plugin: bool) -> str:
         lines = ["import damcha_hf  # registers the DAMCHA classes with the Auto classes"] if plugin else []
         suffix = "" if plugin or stock else ", trust_remote_code=True"
         # The tokenizer and image processor are transformers' own classes: they load without remote code.
-        # `AutoImageProcessor` finds its class in preprocessor_config.json. Without the plugin, `AutoTokenizer`
-        # would read config.json first, meet an unknown model_type with remote code and stop at an interactive
-        # "Do you wish to run the custom code? [y/N]" prompt; the tokenizer class itself reads only its own files.
+        # `AutoImageProcessor` finds its class in preprocessor_config.json. Without the plugin, `AutoTokenizer` on the
+        # checkpoint would read config.json first and stop at the remote-code prompt (see TOKENIZER_SUBFOLDER); it
+        # loads from the tokenizer's own subfolder, and `PreTrainedTokenizerFast` reads only the tokenizer files.
+        preprocessor_arguments = f'"{repo_id}"'
         if vision:
             preprocessor_class = "AutoImageProcessor"
+        elif plugin or stock:
+            preprocessor_class = "AutoTokenizer"
+        elif tokenizer_subfolder:
+            preprocessor_class = "AutoTokenizer"
+            preprocessor_arguments += f', subfolder="{tokenizer_subfolder}"'
         else:
-            preprocessor_class = "AutoTokenizer" if plugin or stock else "PreTrainedTokenizerFast"
+            preprocessor_class = "PreTrainedTokenizerFast"
         imports = f"{auto_class}, {preprocessor_class}" if has_preprocessor else auto_class
         lines += [
             f"from transformers import {imports}",
@@ -302,7 +328,7 @@ def loading_section(auto_class: str, repo_id: str, family: str, has_preprocessor
             f'model = {auto_class}.from_pretrained("{repo_id}"{suffix})',
         ]
         if has_preprocessor:
-            lines.append(f'preprocessor = {preprocessor_class}.from_pretrained("{repo_id}")')
+            lines.append(f"preprocessor = {preprocessor_class}.from_pretrained({preprocessor_arguments})")
         return "```python\n" + "\n".join(lines) + "\n```"
 
     if stock:  # transformers' own classes: no plugin, no remote code
@@ -316,6 +342,14 @@ def loading_section(auto_class: str, repo_id: str, family: str, has_preprocessor
         "transformers), which "
         "transformers runs when you allow remote code. Read it first: it executes on your machine.\n\n"
         + snippet(plugin=False)
+        + (
+            f"\n\nThe tokenizer needs no remote code. `{tokenizer_subfolder}/` holds a copy of it without a "
+            f'`config.json`, so `AutoTokenizer.from_pretrained(..., subfolder="{tokenizer_subfolder}")` loads it '
+            "without `trust_remote_code` and without a prompt; from the top folder, `AutoTokenizer` without the "
+            "plugin reads `config.json` first and asks whether to run the model code."
+            if tokenizer_subfolder and has_preprocessor and not vision
+            else ""
+        )
         + "\n\n`config.json` maps every Auto class of the family (`auto_map`), so the same checkpoint also loads "
         "with `AutoModel` and the other task heads."
     )
@@ -333,7 +367,7 @@ def metric_section(image: str | None, metric_map: MetricMap | None) -> str:
     if metric_map is not None:
         text += "\n\nOff-diagonal mass `sum_{i!=j} |C_ij| / sum_ij |C_ij|` of the mean matrix:\n\n" + markdown_table(
             ("layer", "off-diagonal mass"),
-            [(layer, f"{mass:.4f}") for layer, mass in enumerate(metric_map.offdiagonal_mass)],
+            [(name, f"{mass:.4f}") for name, mass in zip(metric_map.layer_names, metric_map.offdiagonal_mass)],
         )
     return text
 

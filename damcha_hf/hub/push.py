@@ -23,7 +23,7 @@ from ..safe_files import (
     read_json_file,
     weight_files,
 )
-from .model_card import REPO_PLACEHOLDER
+from .model_card import REPO_PLACEHOLDER, TOKENIZER_SUBFOLDER
 
 TEXT_SUFFIXES = (".json", ".md", ".py", ".txt", ".jinja")
 
@@ -52,16 +52,17 @@ def auto_map_module(key: str, reference) -> str | None:
 
 
 def checked_file(folder: Path, name: str) -> Path | None:
-    """`folder/name` when it is a regular file inside `folder` (a symbolic link may point only at another file of the
-    folder); None when it does not exist. Raises `HubPushError` for a link leaving the folder or a non-file."""
+    """`folder/name` when it is a regular file inside `folder` (a symbolic link, of the file or of the subfolder
+    holding it, may point only at another file of the folder); None when it does not exist. Raises `HubPushError` for
+    a link leaving the folder or a non-file."""
     path = folder / name
     if not path.exists() and not path.is_symlink():
         return None
     resolved = path.resolve()
-    if path.is_symlink() and resolved.parent != folder.resolve():
+    if folder.resolve() not in resolved.parents:
         raise HubPushError(
-            f"{name} in {folder} is a symbolic link to {resolved}, outside the checkpoint folder; replace it with the "
-            "file itself (a push uploads only files inside the folder)."
+            f"{name} in {folder} is a symbolic link (or lies in a linked folder) to {resolved}, outside the checkpoint "
+            "folder; replace it with the file itself (a push uploads only files inside the folder)."
         )
     if not resolved.is_file():
         raise HubPushError(f"{name} in {folder} is not a regular file; remove it or replace it with the file.")
@@ -189,6 +190,7 @@ def upload_plan(folder: str | os.PathLike) -> dict[str, Path]:
         )
     names = list(CONFIG_FILES) + weights
     names += auto_map_code_files(folder, config.get("auto_map") or {}) + list(PREPROCESSOR_FILES)
+    names += [f"{TOKENIZER_SUBFOLDER}/{name}" for name in PREPROCESSOR_FILES]
     return checked_plan(folder, names)
 
 

@@ -3,6 +3,8 @@
     damcha_hf.metrics.load_metric("accuracy")                      # ViT classification
     damcha_hf.metrics.load_metric("perplexity", "nll")             # GPT-2: exp(mean NLL)
     damcha_hf.metrics.load_metric("bits_per_byte", "nll")          # GPT-2: NLL in bits per UTF-8 byte
+    damcha_hf.metrics.load_metric("sacrebleu_scores")              # BART: corpus BLEU and chrF (sacrebleu)
+    damcha_hf.metrics.load_metric("rouge")                         # BART: ROUGE-1/2/L F1 (rouge-score)
     damcha_hf.metrics.load_metric("frechet_distance")              # diffusion: two sets of feature vectors
 
 Each is an `evaluate.Metric` subclass in `damcha_hf/metrics/<name>/<name>.py`, so `evaluate.load(metric_path(name))`
@@ -12,7 +14,7 @@ summed negative log-likelihoods and the token / byte counts they cover.
 
 import os
 
-METRIC_NAMES = ("accuracy", "perplexity", "bits_per_byte", "frechet_distance")
+METRIC_NAMES = ("accuracy", "perplexity", "bits_per_byte", "sacrebleu_scores", "rouge", "frechet_distance")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 

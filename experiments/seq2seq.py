@@ -1,0 +1,122 @@
+#!/usr/bin/env python
+"""Sequence-to-sequence comparison: BART with MHA, DAMCHA, talking-heads and DCMHA on the `train_bart.py` task.
+
+    python experiments/seq2seq.py --out-dir runs/seq2seq --seeds 0 1 2            # train every row and seed
+    python experiments/seq2seq.py --out-dir runs/seq2seq --seeds 0 --rows MHA     # one row
+    python experiments/seq2seq.py --summarize runs/seq2seq --prefix seq2seq        # table + JSON of what is there
+
+Each (row, seed) is one run of `recipes/train_bart.py` with the same settings, in `<out-dir>/<row>-s<seed>`: the same
+seed gives every row the same tokenizer, the same training pairs in the same order and the same validation pairs;
+rows differ in attention only (their starting weights are drawn from the same seed but not equal, since DAMCHA's and
+DCMHA's extra modules take their draws in between). `--summarize` reads each run's `eval_results.json` and gives, per
+row, the mean ± standard deviation over seeds of the validation loss (nats per target token), BLEU, chrF and ROUGE-L,
+and the paired difference to MHA by seed: mean ± standard error, two-sided Student-t interval, seeds agreeing in sign.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from experiments.common import format_table, paired_statistics, write_json_atomic  # noqa: E402
+
+RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes", "train_bart.py")
+ROWS = {
+    "MHA": ["--model-type", "bart"],
+    "DAMCHA token": ["--metric-context", "token"],
+    "DAMCHA query": ["--metric-context", "query"],
+    "talking-heads": ["--cross-head-variant", "talking_heads"],
+    "DCMHA": ["--cross-head-variant", "dcmha"],
+}
+MEASURES = {"eval_loss": "loss (nats/token)", "eval_bleu": "BLEU", "eval_chrf": "chrF", "eval_rougeL": "ROUGE-L"}
+DEFAULT_SETTINGS = ["--max-steps", "1000", "--batch-size", "32", "--d-model", "128", "--layers", "2", "--heads", "4",
+                    "--ffn-dim", "512", "--max-eval-samples", "256", "--logging-steps", "100"]  # fmt: skip
+
+
+def folder_name(row: str, seed: int) -> str:
+    return f"{row.replace(' ', '_')}-s{seed}"
+
+
+def train(args) -> None:
+    for seed in args.seeds:
+        for row in args.rows:
+            folder = os.path.join(args.out_dir, folder_name(row, seed))
+            if os.path.isfile(os.path.join(folder, "eval_results.json")):
+                print(f"{row}, seed {seed}: done already ({folder})")
+                continue
+            command = [sys.executable, RECIPE, *DEFAULT_SETTINGS, *args.settings, *ROWS[row], "--seed", str(seed),
+                       "--output-dir", folder, "--num-threads", str(args.threads)]  # fmt: skip
+            print(f"{row}, seed {seed}: {' '.join(command[1:])}", flush=True)
+            subprocess.run(command, check=True)
+
+
+def summarize(folder: str, prefix: str) -> dict:
+    results: dict[str, dict[int, dict]] = {}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name, "eval_results.json")
+        row_key, _, seed = name.rpartition("-s")
+        row = row_key.replace("_", " ")
+        if os.path.isfile(path) and row in ROWS and seed.isdigit():
+            with open(path, encoding="utf-8") as handle:
+                results.setdefault(row, {})[int(seed)] = json.load(handle)
+    if "MHA" not in results:
+        raise SystemExit(f"--summarize {folder}: no MHA runs (folders MHA-s<seed>) to compare against")
+    summary = {"folder": folder, "rows": {}, "differences": {}}
+    table, differences = [], []
+    for row in ROWS:
+        if row not in results:
+            continue
+        seeds = sorted(results[row])
+        cells = [row, ",".join(map(str, seeds))]
+        summary["rows"][row] = {}
+        for key in MEASURES:
+            values = [results[row][seed][key] for seed in seeds]
+            spread = statistics.stdev(values) if len(values) > 1 else 0.0
+            summary["rows"][row][key] = {"per_seed": values, "mean": statistics.fmean(values), "std": spread}
+            cells.append(f"{statistics.fmean(values):.3f} ± {spread:.3f}")
+        table.append(cells)
+        if row == "MHA":
+            continue
+        paired = sorted(set(seeds) & set(results["MHA"]))
+        summary["differences"][row] = {}
+        diff_cells = [f"{row} − MHA", ",".join(map(str, paired))]
+        for key in MEASURES:
+            stats = paired_statistics([results[row][s][key] - results["MHA"][s][key] for s in paired])
+            summary["differences"][row][key] = stats
+            interval = "" if stats["low"] is None else f" [{stats['low']:+.3f}, {stats['high']:+.3f}]"
+            se = "" if stats["se"] is None else f" ± {stats['se']:.3f}"
+            diff_cells.append(f"{stats['mean']:+.3f}{se}{interval} ({stats['agree_in_sign']}/{stats['n']})")
+        differences.append(diff_cells)
+    headers = ["row", "seeds", *MEASURES.values()]
+    print(format_table(headers, table))
+    print()
+    print(format_table(["difference", "seeds", *MEASURES.values()], differences))
+    write_json_atomic(os.path.join(folder, f"{prefix}.json"), summary)
+    return summary
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)  # fmt: skip
+    parser.add_argument("--out-dir", help="one folder per (row, seed) run goes here")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--summarize", metavar="FOLDER", help="summarize the runs in FOLDER instead of training")
+    parser.add_argument("--prefix", default="seq2seq", help="name of the summary JSON")
+    args, settings = parser.parse_known_args(argv)
+    args.settings = settings  # any further flag goes to the recipe (e.g. --max-steps 2000)
+    if args.summarize:
+        summarize(args.summarize, args.prefix)
+    elif args.out_dir:
+        train(args)
+    else:
+        parser.error("give --out-dir to train, or --summarize FOLDER")
+
+
+if __name__ == "__main__":
+    main()

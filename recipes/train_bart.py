@@ -1,0 +1,230 @@
+#!/usr/bin/env python
+"""Train a DAMCHA BART encoder-decoder with the transformers `Seq2SeqTrainer`, reporting loss, BLEU, chrF and ROUGE.
+
+    python recipes/train_bart.py                                   # stdlib signatures -> first docstring line
+    python recipes/train_bart.py --max-steps 5                     # a quick check, under a minute
+    python recipes/train_bart.py --metric-context query --encoder-metric-context sequence
+    python recipes/train_bart.py --model-type bart                 # the multi-head-attention baseline, same settings
+    python recipes/train_bart.py --data pairs.jsonl                # {"source": ..., "target": ...} per line
+
+The default task maps each documented function of the Python standard library to the first line of its docstring
+(`Class.method(self, x=1) -> str` => "Return the ..."): short text from a structured input, like CommonGen, on data
+every machine has. Validation pairs come from files training never sees. Generated text is scored with BLEU and chrF
+(sacrebleu) and ROUGE (rouge-score), through the `evaluate` modules shipped in `damcha_hf.metrics`; the loss is the
+mean cross-entropy per target token. The model, its tokenizer and a model card are saved to `<output-dir>/final`.
+
+On `--resume`, the checkpoint's model settings win: a model flag left out takes the checkpoint's value, one given with
+a different value is refused (naming every such flag).
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # standard library only: torch and transformers are imported after the arguments are parsed
+
+MODEL_TYPES = ("damcha_bart", "bart")
+# Flags of a new model and the config fields they set: checked against the checkpoint on --resume.
+BART_MODEL_FLAGS = {"d_model": "d_model", "layers": "encoder_layers", "heads": "encoder_attention_heads",
+                    "ffn_dim": "encoder_ffn_dim", "encoder_metric_context": "encoder_metric_context",
+                    "cross_attention_metric": "cross_attention_metric",
+                    **{field: field for field in common.METRIC_FIELDS}}  # fmt: skip
+
+
+def seq2seq_data(text: str) -> str:
+    """--data: 'stdlib' or a JSON-lines file, checked while parsing."""
+    if text == "stdlib" or os.path.isfile(text):
+        return text
+    raise argparse.ArgumentTypeError(f'{text!r}: use \'stdlib\' or a JSON-lines file of {{"source", "target"}} rows')
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=common.checks.HelpFormatter)
+    group = parser.add_argument_group("data")
+    group.add_argument("--data", default="stdlib", type=seq2seq_data,
+                       help="'stdlib' (default: signature -> first docstring line) or a JSON-lines file")  # fmt: skip
+    group.add_argument("--validation-fraction", type=common.checks.probability, default=0.05,
+                       help="share of the documents (files) held out for validation")  # fmt: skip
+    group.add_argument("--max-source-length", type=common.checks.positive_int, default=64, help="tokens")
+    group.add_argument("--max-target-length", type=common.checks.positive_int, default=32, help="tokens")
+    group.add_argument("--bpe-vocab-size", type=common.checks.positive_int, default=2048,
+                       help="size of the byte-level BPE tokenizer trained on the training pairs")  # fmt: skip
+    group = parser.add_argument_group("model (new models)")
+    group.add_argument("--model-type", choices=MODEL_TYPES, default="damcha_bart",
+                       help="damcha_bart, or bart: stock BART, the multi-head-attention baseline")  # fmt: skip
+    group.add_argument("--d-model", type=common.checks.positive_int, default=128)
+    group.add_argument("--layers", type=common.checks.positive_int, default=2, help="encoder and decoder layers each")
+    group.add_argument("--heads", type=common.checks.positive_int, default=4, help="must divide --d-model")
+    group.add_argument("--ffn-dim", type=common.checks.positive_int, default=512)
+    common.add_metric_arguments(parser)
+    group = parser.add_argument_group("DAMCHA in the encoder-decoder (defaults: the config's)")
+    group.add_argument("--encoder-metric-context", choices=common.options.METRIC_CONTEXTS,
+                       help="the encoder's context (default: --metric-context; 'sequence' is allowed here)")  # fmt: skip
+    group.add_argument("--cross-attention-metric", choices=("decoder", "own", "none"),
+                       help="the cross-attention's generator: the decoder's, its own, or none (plain attention)")  # fmt: skip
+    group = parser.add_argument_group("generation (validation)")
+    group.add_argument("--num-beams", type=common.checks.positive_int, default=1)
+    common.add_training_arguments(parser, output_dir="runs/{settings}", batch_size=32, learning_rate=1e-3,
+                                  max_steps=3000, output_dir_example="runs/damcha_bart-stdlib")  # fmt: skip
+    args = common.parse_checked(parser, argv, run_name=lambda args: common.run_folder_name(args.model_type, args.data))
+    common.check_causal_metric_context(parser, args)  # the decoder is causal; the encoder has its own flag
+    if args.d_model % args.heads:
+        parser.error(f"--heads {args.heads} must divide --d-model {args.d_model}")
+    damcha_only = [flag for flag in ("metric_context", "metric_form", "cross_head_variant", "encoder_metric_context",
+                                     "cross_attention_metric") if getattr(args, flag) is not None]  # fmt: skip
+    if args.model_type == "bart" and damcha_only:
+        parser.error(f"--model-type bart is plain BART; --{damcha_only[0].replace('_', '-')} applies to damcha_bart")
+    return args
+
+
+def bart_config(args, tokenizer):
+    from transformers import BartConfig
+
+    from damcha_hf import DamchaBartConfig
+
+    special = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)  # begins, ends and pads every sequence
+    shape = {
+        "vocab_size": len(tokenizer),
+        "d_model": args.d_model,
+        "encoder_layers": args.layers,
+        "decoder_layers": args.layers,
+        "encoder_attention_heads": args.heads,
+        "decoder_attention_heads": args.heads,
+        "encoder_ffn_dim": args.ffn_dim,
+        "decoder_ffn_dim": args.ffn_dim,
+        "max_position_embeddings": max(args.max_source_length, args.max_target_length),
+        "dropout": 0.1,
+        "pad_token_id": special,
+        "bos_token_id": special,
+        "eos_token_id": special,
+        "decoder_start_token_id": special,
+        "forced_eos_token_id": None,
+    }
+    if args.model_type == "bart":
+        return BartConfig(**shape)
+    extra = {flag: getattr(args, flag) for flag in ("encoder_metric_context", "cross_attention_metric")
+             if getattr(args, flag) is not None}  # fmt: skip
+    return DamchaBartConfig(**shape, **common.metric_options(args), **extra)
+
+
+def tokenized_pairs(args, tokenizer, pairs):
+    def encode(batch):
+        inputs = tokenizer(batch["source"], max_length=args.max_source_length - 1, truncation=True)
+        targets = tokenizer(batch["target"], max_length=args.max_target_length - 1, truncation=True)
+        end = [tokenizer.eos_token_id]
+        return {"input_ids": [ids + end for ids in inputs["input_ids"]],
+                "attention_mask": [mask + [1] for mask in inputs["attention_mask"]],
+                "labels": [ids + end for ids in targets["input_ids"]]}  # fmt: skip
+
+    return pairs.map(encode, batched=True, remove_columns=pairs.column_names)
+
+
+def generation_metrics(tokenizer):
+    """`compute_metrics` of generated ids: BLEU and chrF (sacrebleu), ROUGE (rouge-score), shipped evaluate modules."""
+    import numpy as np
+
+    from damcha_hf.metrics import load_metric
+
+    scorers = load_metric("sacrebleu_scores"), load_metric("rouge")
+
+    def compute(prediction):
+        predictions, labels = prediction.predictions, prediction.label_ids
+        predictions = np.where(predictions < 0, tokenizer.pad_token_id, predictions)
+        labels = np.where(labels < 0, tokenizer.pad_token_id, labels)
+        texts = [text.strip() for text in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
+        references = [text.strip() for text in tokenizer.batch_decode(labels, skip_special_tokens=True)]
+        scores = {}
+        for scorer in scorers:
+            scores.update(scorer.compute(predictions=texts, references=references))
+        return scores
+
+    return compute
+
+
+@common.holding_run_folder
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    resume = common.resolve_resume(args.resume, args.output_dir)
+    load_state = common.check_resume_state(args, resume, common.TRAINER_RESUME_STATE)
+    if resume:
+        common.check_resume_settings(args, resume, BART_MODEL_FLAGS, common.saved_model_config(resume))
+    common.check_push(args)
+
+    from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, Seq2SeqTrainer, set_seed
+
+    from damcha_hf.data import load_seq2seq_pairs, train_bpe_tokenizer
+
+    set_seed(args.seed)
+    needed = args.max_steps * args.batch_size * args.gradient_accumulation_steps
+    quick = args.max_steps < common.QUICK_RUN_STEPS
+    print(f"reading --data {args.data} pairs...", flush=True)
+    pairs = load_seq2seq_pairs(args.data, validation_fraction=args.validation_fraction, seed=args.seed,
+                               max_train_pairs=needed if quick else None)  # fmt: skip
+    documents = len(set(pairs["validation"]["document"])) if "document" in pairs["validation"].column_names else None
+    validation_pairs = (
+        pairs["validation"].shuffle(seed=args.seed).select(range(min(args.max_eval_samples, len(pairs["validation"]))))
+    )
+    covers = f" from {documents} held-out files" if documents else ""
+    print(f"{len(pairs['train'])} training pairs; validation: {len(validation_pairs)} pairs{covers}", flush=True)
+    if resume and os.path.isfile(os.path.join(resume, "tokenizer.json")):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(resume)  # the one the checkpoint was trained with
+    else:
+        texts = list(pairs["train"]["source"]) + list(pairs["train"]["target"])
+        tokenizer = train_bpe_tokenizer(texts, args.bpe_vocab_size,
+                                        model_max_length=max(args.max_source_length, args.max_target_length))  # fmt: skip
+    train = tokenized_pairs(args, tokenizer, pairs["train"])
+    validation = tokenized_pairs(args, tokenizer, validation_pairs)
+    model = AutoModelForSeq2SeqLM.from_config(bart_config(args, tokenizer), attn_implementation=args.attn)
+    model.generation_config.max_length = args.max_target_length
+    model.generation_config.num_beams = args.num_beams
+    print(f"{type(model).__name__}: {model.num_parameters():,} parameters", flush=True)
+
+    training_args = common.training_arguments(args, seq2seq=True, predict_with_generate=True,
+                                              generation_max_length=args.max_target_length,
+                                              generation_num_beams=args.num_beams)  # fmt: skip
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train,
+        eval_dataset=validation,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        processing_class=tokenizer,
+        compute_metrics=generation_metrics(tokenizer),
+    )
+    if resume and not load_state:
+        common.resume_weights_only(trainer)
+    train_result = trainer.train(resume_from_checkpoint=resume)
+    metrics = trainer.evaluate()
+    metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss,
+                   eval_pairs=len(validation_pairs), eval_documents=documents)  # fmt: skip
+    print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
+
+    sample = validation_pairs[0]
+    inputs = tokenizer(sample["source"], return_tensors="pt").to(trainer.model.device)
+    generated = trainer.model.generate(**inputs, max_length=args.max_target_length, num_beams=args.num_beams)
+    print(f"sample: {sample['source']}\n  generated: {tokenizer.decode(generated[0], skip_special_tokens=True)}\n"
+          f"  reference: {sample['target']}")  # fmt: skip
+
+    final = os.path.join(args.output_dir, "final")
+    covered = f"{len(validation_pairs)} pairs{covers}"
+    common.save_final_model(
+        trainer.model,
+        final,
+        tokenizer_or_processor=tokenizer,
+        log_history=trainer.state.log_history,
+        datasets=common.card_datasets(args.data),
+        notes=[f"Validation figures: {covered}, none of them seen in training; BLEU and chrF by sacrebleu, ROUGE F1 "
+               "by rouge-score, of greedy generations" + (f" ({args.num_beams} beams)" if args.num_beams > 1 else "")],
+    )  # fmt: skip
+    common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
+    print(f"saved to {final}")
+    common.push_final_model(args, final)
+    return metrics
+
+
+if __name__ == "__main__":
+    common.run_recipe(main)

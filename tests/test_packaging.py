@@ -108,7 +108,8 @@ print(json.dumps({{
     "first_use",
     [
         "damcha_hf.DamchaGPT2LMHeadModel",  # a model file first: it imports transformers' GPT-2, then the Auto module
-        "__import__('damcha_hf.hub').hub.save_hub_checkpoint",  # the family table first, from inside the package
+        # the family table first, from inside the package (slow: a second fresh interpreter)
+        pytest.param("__import__('damcha_hf.hub').hub.save_hub_checkpoint", marks=pytest.mark.slow),
     ],
 )
 def test_any_public_name_used_first_imports_and_registers(first_use):

@@ -153,6 +153,7 @@ def test_info_names_the_saved_class_and_never_waits_for_the_network(tmp_path, ca
             cli_main(["info", word])
 
 
+@pytest.mark.slow  # about 15 s: a full Accelerate run
 def test_accelerate_recipe_keeps_save_total_limit_checkpoints_quietly_with_a_progress_bar(tmp_path, corpus):
     import os
     import subprocess

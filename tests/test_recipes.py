@@ -204,6 +204,7 @@ def test_accelerate_recipe_resumes_at_the_saved_step(tmp_path, corpus):
     ).read_text()
 
 
+@pytest.mark.slow  # about 30 s: two launches of the Accelerate loop
 def test_accelerate_recipe_trains_and_resumes_a_grouped_query_llama(tmp_path, corpus):
     model_flags = ["--model-type", "damcha_llama", "--n-layer", "1", "--n-embd", "32", "--n-head", "4",
                    "--n-kv-head", "2", "--block-size", "32", "--metric-hidden-size", "8"]  # fmt: skip
@@ -236,6 +237,7 @@ def test_accelerate_recipe_trains_and_resumes_a_grouped_query_llama(tmp_path, co
     assert (resumed_dir / "parameter_sha256_rank0.txt").read_text() == checksum
 
 
+@pytest.mark.slow  # about 25 s: two CPU processes
 def test_accelerate_two_cpu_processes_keep_identical_parameters(tmp_path, corpus):
     accelerate = [str(Path(sys.executable).parent / "accelerate"), "launch",
                   "--config_file", str(RECIPES / "accelerate_configs" / "cpu_ddp_2proc.yaml"),

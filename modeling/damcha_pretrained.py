@@ -90,6 +90,9 @@ class DamchaAttentionMixin:
         # Picks the layer's generator under `metric_sharing="layer"`; a stock layer may have no index (ViT).
         if getattr(module, "layer_idx", None) is None:
             module.layer_idx = layer_index
+        # The layer index it calls its stack's metric with (an encoder-decoder offsets its cross-attention layers),
+        # an instance attribute so that the attention core reads it without `nn.Module.__getattr__`'s miss path.
+        module.metric_layer_index = module.layer_idx
         module.cross_head_mixing = build_cross_head_mixing(config)
 
 

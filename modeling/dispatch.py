@@ -97,9 +97,10 @@ def cross_attention_source_cached(cache, layer_idx: int) -> bool:
 
 
 def metric_layer_index(module: nn.Module) -> int:
-    """The layer index a layer calls its stack's `CrossHeadMetric` with: the one it was given at conversion
-    (`metric_layer_index`, an encoder-decoder's cross-attention layers), else its own (0 when it has none)."""
-    index = getattr(module, "metric_layer_index", None)
+    """The layer index a layer calls its stack's `CrossHeadMetric` with: `metric_layer_index`, set when the layer was
+    converted (its own index, or past the decoder's self-attention layers for an encoder-decoder's cross-attention);
+    its `layer_idx` for a layer built otherwise."""
+    index = module.__dict__.get("metric_layer_index")
     return index if index is not None else module.layer_idx or 0
 
 

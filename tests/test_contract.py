@@ -167,8 +167,12 @@ CACHE_NAMES = {"cache", "past_key_values"}
 
 
 def _build(cls, kwargs, config):
-    accepted = inspect.signature(cls.__init__).parameters
-    return cls(config, **{key: value for key, value in kwargs.items() if key in accepted})
+    # A constructor that takes `**kwargs` gets them all: with the `kernels` package installed, transformers wraps
+    # LlamaAttention.__init__ in a `(*args, **kwargs)` function, which hides the names it accepts.
+    parameters = inspect.signature(cls.__init__).parameters
+    if not any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values()):
+        kwargs = {key: value for key, value in kwargs.items() if key in parameters}
+    return cls(config, **kwargs)
 
 
 def _config_for(damcha_class):

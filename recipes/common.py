@@ -526,6 +526,40 @@ def resume_weights_only(trainer) -> None:
     trainer._load_rng_state = lambda checkpoint: None
 
 
+def trainer_resume(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """--resume of a `Trainer` recipe, checked before any data is read: the checkpoint folder (or None) and whether
+    its optimizer, schedule and random state load (`check_resume_state`)."""
+    resume = resolve_resume(args.resume, args.output_dir)
+    return resume, check_resume_state(args, resume, TRAINER_RESUME_STATE)
+
+
+def train(trainer, resume: str | None, load_state: bool):
+    """`trainer.train()`, from `resume` when given: its whole state, or (`load_state` False) its weights and step."""
+    if resume and not load_state:
+        resume_weights_only(trainer)
+    return trainer.train(resume_from_checkpoint=resume)
+
+
+def load_resumed_weights(auto_class, resume: str, attn: str):
+    """The model of the `resume` checkpoint, loaded by `from_pretrained`. transformers 5.24 saves ViT weights under the
+    legacy key names (vit.encoder.layer.N.attention.attention.*) and the Trainer's resume reads them back without
+    renaming, leaving the encoder at its fresh init (plain ViT models too); from_pretrained applies the renames, and
+    the Trainer then restores optimizer, scheduler, random state and data position."""
+    with safe_files.loading_checkpoint(resume, "the --resume checkpoint"):
+        return auto_class.from_pretrained(resume, attn_implementation=attn)
+
+
+def print_evaluation(metrics: dict) -> None:
+    print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
+
+
+def finish_run(args: argparse.Namespace, final: str, metrics: dict, saved_note: str = "") -> None:
+    """After the final save: `<output-dir>/eval_results.json`, and the push of `final` with --push-to-hub."""
+    write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
+    print(f"saved to {final}{saved_note}")
+    push_final_model(args, final)
+
+
 def check_resume_tokenizer(args: argparse.Namespace, resume: str) -> None:
     """On resume the checkpoint's tokenizer is used; a --tokenizer given with another one is refused like other
     conflicting flags. `byte` is the tokenizer without merges, `bpe` one with merges, a folder its own tokenizer."""

@@ -147,8 +147,7 @@ LORA_RESUME_FLAGS = {**{field: field for field in common.METRIC_FIELDS}, "lora_r
 @common.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    resume = common.resolve_resume(args.resume, args.output_dir)
-    load_state = common.check_resume_state(args, resume, common.TRAINER_RESUME_STATE)
+    resume, load_state = common.trainer_resume(args)
     if resume:
         common.check_resume_settings(args, resume, LORA_RESUME_FLAGS, common.saved_model_config(resume))
     datasets = common.card_datasets(args.data) if args.data else None  # settled before training
@@ -234,9 +233,7 @@ def main(argv=None) -> dict:
         processing_class=processing,
         **metrics_kwargs,
     )
-    if resume and not load_state:
-        common.resume_weights_only(trainer)
-    trainer.train(resume_from_checkpoint=resume)
+    common.train(trainer, resume, load_state)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, trainable_parameters=trainable)
 
@@ -260,7 +257,7 @@ def main(argv=None) -> dict:
     if getattr(args, "validation_documents", None) is not None:  # a language model's validation (images: none)
         metrics["eval_documents"] = args.validation_documents
     common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
-    print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
+    common.print_evaluation(metrics)
     return metrics
 
 

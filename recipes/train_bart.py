@@ -146,8 +146,7 @@ def generation_metrics(tokenizer):
 @common.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    resume = common.resolve_resume(args.resume, args.output_dir)
-    load_state = common.check_resume_state(args, resume, common.TRAINER_RESUME_STATE)
+    resume, load_state = common.trainer_resume(args)
     if resume:
         common.check_resume_settings(args, resume, BART_MODEL_FLAGS, common.saved_model_config(resume))
     common.check_push(args)
@@ -195,13 +194,11 @@ def main(argv=None) -> dict:
         processing_class=tokenizer,
         compute_metrics=generation_metrics(tokenizer),
     )
-    if resume and not load_state:
-        common.resume_weights_only(trainer)
-    train_result = trainer.train(resume_from_checkpoint=resume)
+    train_result = common.train(trainer, resume, load_state)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss,
                    eval_pairs=len(validation_pairs), eval_documents=documents)  # fmt: skip
-    print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
+    common.print_evaluation(metrics)
 
     sample = validation_pairs[0]
     inputs = tokenizer(sample["source"], return_tensors="pt").to(trainer.model.device)
@@ -220,9 +217,7 @@ def main(argv=None) -> dict:
         notes=[f"Validation figures: {covered}, none of them seen in training; BLEU and chrF by sacrebleu, ROUGE F1 "
                "by rouge-score, of greedy generations" + (f" ({args.num_beams} beams)" if args.num_beams > 1 else "")],
     )  # fmt: skip
-    common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
-    print(f"saved to {final}")
-    common.push_final_model(args, final)
+    common.finish_run(args, final, metrics)
     return metrics
 
 

@@ -206,8 +206,7 @@ def load_feature_classifier(args, channels: int, image_size: int):
 @common.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    resume = common.resolve_resume(args.resume, args.output_dir)
-    load_state = common.check_resume_state(args, resume, common.TRAINER_RESUME_STATE)
+    resume, load_state = common.trainer_resume(args)
     if resume:
         common.check_resume_settings(args, resume, common.VIT_MODEL_FLAGS, common.saved_model_config(resume))
         common.check_resume_settings(args, resume, SCHEDULE_FLAGS, saved_schedule(resume))
@@ -227,9 +226,7 @@ def main(argv=None) -> dict:
     scheduler = diffusion.training_scheduler(args.num_train_timesteps, args.beta_schedule)
     model = build_model(args, channels, image_size)
     if resume:
-        # As in train_vit.py: from_pretrained applies the ViT weight renames that the Trainer's own loading skips.
-        with common.safe_files.loading_checkpoint(resume, "the --resume checkpoint"):
-            model = AutoModel.from_pretrained(resume, attn_implementation=args.attn)
+        model = common.load_resumed_weights(AutoModel, resume, args.attn)
     print(f"{type(model).__name__} ({model.config.cross_head_variant}): {model.num_parameters():,} parameters; "
           f"{len(splits['train'])} training and {len(splits['validation'])} held-out images")  # fmt: skip
 
@@ -242,9 +239,7 @@ def main(argv=None) -> dict:
         processing_class=processor,
         callbacks=[sample_grid_callback(scheduler, args)],
     )
-    if resume and not load_state:
-        common.resume_weights_only(trainer)
-    train_result = trainer.train(resume_from_checkpoint=resume)
+    train_result = common.train(trainer, resume, load_state)
 
     model = trainer.model
     held_out = torch.stack([example["pixel_values"] for example in splits["validation"]])
@@ -259,7 +254,7 @@ def main(argv=None) -> dict:
         metrics["eval_fcd_samples"] = count
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss,
                    sample_steps=args.sample_steps)  # fmt: skip
-    print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
+    common.print_evaluation(metrics)
 
     final = os.path.join(args.output_dir, "final")
     noisy, _, timesteps = diffusion.noised_batch(scheduler, held_out[:4], evaluation_generator())
@@ -274,9 +269,7 @@ def main(argv=None) -> dict:
             "betas), from fixed start noise."}  # fmt: skip
     common.save_final_model(model, final, tokenizer_or_processor=processor, log_history=trainer.state.log_history,
                             **card)  # fmt: skip
-    common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
-    print(f"saved to {final} (samples: {os.path.join(final, SAMPLE_GRID)})")
-    common.push_final_model(args, final)
+    common.finish_run(args, final, metrics, saved_note=f" (samples: {os.path.join(final, SAMPLE_GRID)})")
     return metrics
 
 

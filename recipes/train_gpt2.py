@@ -66,8 +66,7 @@ def build_model(args, tokenizer):
 @common.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    resume = common.resolve_resume(args.resume, args.output_dir)
-    load_state = common.check_resume_state(args, resume, common.TRAINER_RESUME_STATE)
+    resume, load_state = common.trainer_resume(args)
     common.check_language_model_resume(args, resume)
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
     common.check_push(args)
@@ -97,13 +96,11 @@ def main(argv=None) -> dict:
         compute_metrics=causal_lm_compute_metrics(tokenizer),
         preprocess_logits_for_metrics=causal_lm_token_nll,
     )
-    if resume and not load_state:
-        common.resume_weights_only(trainer)
-    train_result = trainer.train(resume_from_checkpoint=resume)
+    train_result = common.train(trainer, resume, load_state)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss,
                    eval_documents=args.validation_documents)  # fmt: skip
-    print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
+    common.print_evaluation(metrics)
 
     final = os.path.join(args.output_dir, "final")
     common.save_final_model(
@@ -114,9 +111,7 @@ def main(argv=None) -> dict:
         datasets=datasets,
         notes=[f"Validation figures: {args.validation_note}, none of them seen in training."],
     )
-    common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
-    print(f"saved to {final}")
-    common.push_final_model(args, final)
+    common.finish_run(args, final, metrics)
     return metrics
 
 

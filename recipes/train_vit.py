@@ -71,8 +71,7 @@ def build_model(args, labels, channels, image_size):
 @common.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    resume = common.resolve_resume(args.resume, args.output_dir)
-    load_state = common.check_resume_state(args, resume, common.TRAINER_RESUME_STATE)
+    resume, load_state = common.trainer_resume(args)
     if resume:
         common.check_resume_settings(args, resume, common.VIT_MODEL_FLAGS, common.saved_model_config(resume))
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
@@ -88,12 +87,7 @@ def main(argv=None) -> dict:
     common.attach_image_transforms(splits, processor, augment=not args.no_augment, image_size=image_size)
     model = build_model(args, labels, channels, image_size)
     if resume:
-        # transformers 5.24 saves ViT weights under the legacy key names (vit.encoder.layer.N.attention.attention.*)
-        # and the Trainer's resume reads them back without renaming, leaving the encoder at its fresh init (plain
-        # ViTForImageClassification too). from_pretrained applies the renames, so load the weights that way; the
-        # Trainer then restores optimizer, scheduler, RNG and data position.
-        with common.safe_files.loading_checkpoint(resume, "the --resume checkpoint"):
-            model = AutoModelForImageClassification.from_pretrained(resume, attn_implementation=args.attn)
+        model = common.load_resumed_weights(AutoModelForImageClassification, resume, args.attn)
     print(f"{type(model).__name__}: {model.num_parameters():,} parameters; {len(splits['train'])} training and "
           f"{len(splits['validation'])} validation images, {len(labels)} classes")  # fmt: skip
 
@@ -106,12 +100,10 @@ def main(argv=None) -> dict:
         processing_class=processor,
         compute_metrics=accuracy_compute_metrics(),
     )
-    if resume and not load_state:
-        common.resume_weights_only(trainer)
-    train_result = trainer.train(resume_from_checkpoint=resume)
+    train_result = common.train(trainer, resume, load_state)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss)
-    print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
+    common.print_evaluation(metrics)
     final = os.path.join(args.output_dir, "final")
     sample = common.image_collate([splits["validation"][i] for i in range(min(4, len(splits["validation"])))])
     card = {"datasets": datasets, "heatmap_inputs": {"pixel_values": sample["pixel_values"]},
@@ -119,9 +111,7 @@ def main(argv=None) -> dict:
             "eval_results": {"accuracy": metrics["eval_accuracy"]}}  # fmt: skip
     common.save_final_model(trainer.model, final, tokenizer_or_processor=processor,
                             log_history=trainer.state.log_history, **card)  # fmt: skip
-    common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
-    print(f"saved to {final}")
-    common.push_final_model(args, final)
+    common.finish_run(args, final, metrics)
     return metrics
 
 

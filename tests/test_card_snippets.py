@@ -293,6 +293,7 @@ def assert_no_absolute_paths(folder: Path, *paths: Path) -> None:
             assert marker.encode() not in content, f"{path.name} contains the local path {marker}"
 
 
+@pytest.mark.slow  # about 25 s: a LoRA run and two fresh interpreters
 def test_a_lora_adapter_reloads_with_plain_peft_without_the_plugin(tmp_path, monkeypatch):
     """`AutoPeftModelForCausalLM.from_pretrained(adapter, trust_remote_code=True)`, as the adapter's card says, run
     from the folder training ran in, and `PeftModel.from_pretrained(base, adapter)` give the trained model: the same

@@ -131,6 +131,7 @@ def test_demo_tiny_run_writes_a_loadable_checkpoint(tmp_path, capsys, monkeypatc
     assert {path: path.read_bytes() for path in output.rglob("*") if path.is_file()} == before
 
 
+@pytest.mark.slow  # about 15 s: the demo in a fresh interpreter and Hugging Face cache
 def test_demo_prints_no_download_bars_or_loss_type_warnings(tmp_path):
     """As a user sees it: a fresh process and Hugging Face cache (in-process, a warning transformers gives once per
     process, or a dataset already cached, would hide them)."""

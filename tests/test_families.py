@@ -359,36 +359,36 @@ def test_gradient_checkpointing_gives_the_same_gradients(name, context):
 # --- remote code ------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_checkpoints_load_with_remote_code_without_the_plugin(name, tmp_path):
-    """A checkpoint of each context the family offers, all loaded in one fresh interpreter without the plugin."""
-    case = CASES[name]
-    task_head = case.family.task_head
-    # Every head with an Auto class (remote code loads through one) that reads the task head's checkpoint: the same
-    # base-model prefix (stock LlamaForQuestionAnswering keeps its base model under another name than the others).
-    heads = [task_head] + [
-        head
-        for head in case.family.heads
-        if head is not task_head and head.auto_class
-        and head.model_class.base_model_prefix == task_head.model_class.base_model_prefix
-    ]  # fmt: skip
-    auto_classes = [head.auto_class for head in heads]
-    inputs, checkpoints, expected = case.inputs(), [], {}
-    for context in case.contexts:
-        model = trained_model(name, metric_context=context)  # a non-identity C: the copied metric code must run
-        folder = tmp_path / context
-        model.save_pretrained(folder)
-        with torch.no_grad():
-            expected[context] = first_output(model(**inputs))
-        stock = case.family.task_head.stock_class.from_pretrained(folder).eval()
-        with torch.no_grad():  # the stock class reads the same weights: the copied metric code makes the difference
-            assert not torch.allclose(first_output(stock(**inputs)), expected[context], atol=1e-3)
-        checkpoints.append((folder, inputs, auto_classes))
+def test_checkpoints_load_with_remote_code_without_the_plugin(tmp_path):
+    """A checkpoint of each context each family offers, all loaded in one fresh interpreter without the plugin."""
+    checkpoints, expected = [], []  # expected: (family, context, its heads, its logits), one per checkpoint
+    for name, case in CASES.items():
+        task_head = case.family.task_head
+        # Every head with an Auto class (remote code loads through one) that reads the task head's checkpoint: the
+        # same base-model prefix (stock LlamaForQuestionAnswering keeps its base model under another name).
+        heads = [task_head] + [
+            head
+            for head in case.family.heads
+            if head is not task_head and head.auto_class
+            and head.model_class.base_model_prefix == task_head.model_class.base_model_prefix
+        ]  # fmt: skip
+        inputs = case.inputs()
+        for context in case.contexts:
+            model = trained_model(name, metric_context=context)  # a non-identity C: the copied metric code must run
+            folder = tmp_path / f"{name}-{context}"
+            model.save_pretrained(folder)
+            with torch.no_grad():
+                logits = first_output(model(**inputs))
+            stock = task_head.stock_class.from_pretrained(folder).eval()
+            with torch.no_grad():  # the stock class reads the same weights: the copied metric code makes the difference
+                assert not torch.allclose(first_output(stock(**inputs)), logits, atol=1e-5)
+            checkpoints.append((folder, inputs, [head.auto_class for head in heads]))
+            expected.append((name, context, heads, logits))
     reports = load_checkpoints_in_fresh_process(checkpoints, tmp_path / "fresh")
-    for context, report in zip(case.contexts, reports, strict=True):
+    for (name, context, heads, logits), report in zip(expected, reports, strict=True):
         assert report["damcha_hf_importable"] is False and report["plugin_modules"] == []
         for head in heads:
             module, class_name = report["classes"][head.auto_class]
-            assert class_name == head.model_class.__name__ and module.startswith("transformers_modules.")
+            assert class_name == head.model_class.__name__ and module.startswith("transformers_modules."), name
             assert module.endswith("." + head.model_class.__module__.rsplit(".", 1)[-1])  # the copied model file
-        assert torch.equal(report["logits"], expected[context]), context
+        assert torch.equal(report["logits"], logits), (name, context)

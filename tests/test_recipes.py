@@ -183,6 +183,7 @@ def _accelerate(args, *, launcher=None, timeout=300):
     return completed
 
 
+@pytest.mark.slow  # about 30 s: two Accelerate runs and a resume
 def test_accelerate_recipe_resumes_at_the_saved_step(tmp_path, corpus):
     common_args = ["--data", corpus, *TINY_GPT2_ARGS, "--max-steps", "6", "--save-steps", "3", "--eval-steps", "3"]
     _accelerate([*common_args, "--output-dir", str(tmp_path / "full")])

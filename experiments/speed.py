@@ -313,16 +313,20 @@ def decoding_step(model, prompt):
     """A function that runs one greedy decoding step on a KV cache holding `prompt`, then drops that step's entry from
     the cache again, so that every call decodes at the same position: the unit of cached generation, short enough
     to alternate between rows hundreds of times."""
+    import inspect
+
     import torch
 
     with torch.no_grad():
         output = model(input_ids=prompt, use_cache=True)
     cache = output.past_key_values
     token = output.logits[:, -1:].argmax(-1)
+    # The cache argument is `cache` from transformers 5.24 on (`past_key_values` warns there), `past_key_values` before.
+    cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def step():
         with torch.no_grad():
-            logits = model(input_ids=token, past_key_values=cache, use_cache=True).logits
+            logits = model(input_ids=token, **{cache_argument: cache}, use_cache=True).logits
         for layer in cache.layers:
             layer.crop(-1)
         return logits

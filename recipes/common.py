@@ -550,6 +550,7 @@ def load_resumed_weights(auto_class, resume: str, attn: str):
 
 
 def print_evaluation(metrics: dict) -> None:
+    """The evaluation figures and the step reached, on one line of the run's output."""
     print({key: value for key, value in metrics.items() if key.startswith("eval_") or key == "global_step"})
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import math
 import os
@@ -178,9 +179,11 @@ def check_data(parser: argparse.ArgumentParser, args) -> None:
             packages.append("dict-gcide")
             instead.append(f"set {data_sources.GCIDE_PATH_VARIABLE} to a copy")
         else:
-            from damcha_hf.data import read_gcide_bytes
-
-            held = len(read_gcide_bytes(data_sources.gcide_path(), 12 * MB))
+            try:
+                with gzip.open(data_sources.gcide_path(), "rb") as handle:  # a dictd .dict.dz is gzip-compatible
+                    held = len(handle.read(12 * MB))
+            except (OSError, EOFError) as error:
+                parser.error(f"{data_sources.gcide_path()} cannot be read as a gzip-compressed dictionary ({error})")
             if held < 12 * MB:
                 parser.error(
                     f"{data_sources.gcide_path()} holds {held} bytes; the LM task reads 12 MB of GCIDE (10 train, 1 "

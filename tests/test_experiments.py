@@ -242,6 +242,11 @@ def test_quality_reads_the_debian_data_or_says_in_one_line_what_to_install(tmp_p
     with pytest.raises(SystemExit):
         quality.main(["--tiny", "--tasks", "lm", "--out-dir", str(out)])
     assert "the LM task reads 12 MB of GCIDE" in capsys.readouterr().err and not out.exists()
+    (tmp_path / "plain.txt").write_text("not compressed\n")
+    monkeypatch.setenv("DAMCHA_GCIDE_PATH", str(tmp_path / "plain.txt"))
+    with pytest.raises(SystemExit):
+        quality.main(["--tiny", "--tasks", "lm", "--out-dir", str(out)])
+    assert "plain.txt cannot be read as a gzip-compressed dictionary" in capsys.readouterr().err
 
     # The LM splits are the dictionary's first 10 MB, the next 1 MB and the one after (their first `eval_bytes`).
     gcide = write_gcide(tmp_path / "gcide.dict.dz", size=12_100_000, seed=1)

@@ -15,6 +15,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,8 +41,8 @@ class DataSet:
     at a generated copy of it (arguments added to the command, environment variables set)."""
 
     package: str
-    missing_here: object  # () -> bool
-    point_at_sample: object  # folder -> (extra arguments, environment)
+    missing_here: Callable[[], bool]
+    point_at_sample: Callable[[Path], tuple[list[str], dict]]  # folder -> (extra arguments, environment)
 
 
 def _fashion_mnist_sample(folder: Path) -> tuple[list[str], dict]:

@@ -8,7 +8,9 @@ Text:
     load_text_corpus(data)            a `datasets.DatasetDict` (train / validation) from a file, folder, glob,
                                       `"stdlib"` (the Python standard library's sources, on every machine) or
                                       `"gcide"` (the GCIDE dictionary, read through gzip)
-    read_gcide_bytes(path, n)         the GCIDE dictionary's first `n` bytes (byte-level language modelling)
+    read_gcide_bytes(path, n)         the GCIDE dictionary's first `n` bytes (byte-level language modelling); the
+                                      dictionary is read from $DAMCHA_GCIDE_PATH if set, else where Debian's
+                                      `dict-gcide` puts it
     group_into_blocks(...)            tokenised, concatenated, cut into `block_size` blocks for causal LM
     check_tokenizer_matches_model(tokenizer, config)
 
@@ -211,7 +213,7 @@ def resolve_text_files(data: str | os.PathLike | Sequence[str], pattern: str = "
 
 def read_gcide_bytes(path: str | None = None, max_bytes: int | None = None) -> bytes:
     """The GCIDE dictionary's bytes (a dictd `.dict.dz` file is gzip-compatible), the first `max_bytes` of them."""
-    path = path or data_sources.GCIDE_PATH
+    path = path or data_sources.gcide_path()
     message = data_sources.missing_gcide_message(path)
     if message:
         raise FileNotFoundError(message)
@@ -523,25 +525,14 @@ def read_fashion_mnist(folder: str = FASHION_MNIST_DIR, split: str = "train") ->
 
     `split` is `"train"` (60,000 images) or `"test"` (10,000; the `t10k-*` files).
     """
-    prefix = {"train": "train", "test": "t10k"}.get(split)
-    if prefix is None:
+    if split not in data_sources.FASHION_MNIST_FILES:
         raise ValueError(f"Fashion-MNIST `split` must be 'train' or 'test' (the t10k-* files), got {split!r}.")
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(
-            f"Fashion-MNIST folder {folder!r} does not exist; on Debian/Ubuntu `apt-get install dataset-fashion-mnist` "
-            "puts the idx files in /usr/share/datasets/fashion-mnist, or pass the folder that holds them."
-        )
-
-    def find(kind: str) -> str:
-        for name in (f"{prefix}-{kind}-ubyte.gz", f"{prefix}-{kind}-ubyte"):
-            if os.path.isfile(os.path.join(folder, name)):
-                return os.path.join(folder, name)
-        raise FileNotFoundError(
-            f"{folder!r} has no {prefix}-{kind}-ubyte(.gz) file; on Debian/Ubuntu `apt-get install "
-            "dataset-fashion-mnist` installs the idx files in /usr/share/datasets/fashion-mnist."
-        )
-
-    images, labels = _read_idx(find("images-idx3")), _read_idx(find("labels-idx1"))
+    message = data_sources.missing_fashion_mnist_message(folder, (split,), "pass the folder that holds them")
+    if message:
+        raise FileNotFoundError(message[0].upper() + message[1:] + ".")
+    images_file, labels_file = data_sources.FASHION_MNIST_FILES[split]
+    images = _read_idx(data_sources.fashion_mnist_file(folder, images_file))
+    labels = _read_idx(data_sources.fashion_mnist_file(folder, labels_file))
     if len(images) != len(labels):
         raise ValueError(f"Fashion-MNIST {split}: {len(images)} images but {len(labels)} labels.")
     return images, labels

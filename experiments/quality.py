@@ -8,6 +8,8 @@ compared paired by seed.
        test; a small GPT-2; bits per byte. Rows: MHA, DAMCHA "token" and "query", talking_heads, DCMHA.
   vit: Fashion-MNIST (`damcha_hf.data.read_fashion_mnist`), a small ViT (patch 4), test top-1.
        Rows: MHA, DAMCHA "sequence" and "token", talking_heads, DCMHA.
+  The data: on Debian/Ubuntu, as root, `apt-get update && apt-get install -y dict-gcide dataset-fashion-mnist`;
+  elsewhere $DAMCHA_GCIDE_PATH and --fashion-mnist-dir name copies; --synthetic trains on generated data instead.
   Every trained DAMCHA model is evaluated again with `metric_mask` "diagonal" and "offdiagonal" (no retraining).
   --upcycle: pretrain MHA, then continue it as MHA, converted to DAMCHA, and (--lora) LoRA on either.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gzip
 import json
 import math
 import os
@@ -41,6 +44,8 @@ from dataclasses import dataclass
 # The repository root, so that `experiments.common` imports when run as `python experiments/<script>.py`.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from damcha_hf import data_sources  # noqa: E402  (standard library only)
+from damcha_hf.argument_checks import ArgumentParser  # noqa: E402
 from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     CONFIDENCE,
     Row,
@@ -86,12 +91,13 @@ DEFAULT_PREFIX = {"full": "quality", "quick": "quality_quick", "tiny": "quality_
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
-    )
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small preset, 30 steps per row: a smoke test")
     parser.add_argument("--tiny", action="store_true", help="smallest preset, for the tests (seconds)")
     parser.add_argument("--synthetic", action="store_true", help="generated data instead of GCIDE / Fashion-MNIST")
+    parser.add_argument("--fashion-mnist-dir", default=data_sources.FASHION_MNIST_DIR,
+                        help="the folder of Fashion-MNIST's idx files (default: where Debian's dataset-fashion-mnist "
+                        "puts them); the GCIDE dictionary is read from $DAMCHA_GCIDE_PATH, else Debian's dict-gcide")  # fmt: skip
     parser.add_argument("--tasks", nargs="+", default=["lm", "vit"], choices=["lm", "vit"])
     parser.add_argument("--seeds", type=int, nargs="+")
     for name in PRESETS["full"]:
@@ -150,6 +156,8 @@ def parse_args(argv=None):
         parser.error("--lm-heads must divide --lm-width and --vit-heads must divide --vit-width")
     if (args.lora or args.pretrain_steps or args.continue_steps) and not args.upcycle:
         parser.error("--lora, --pretrain-steps and --continue-steps belong to --upcycle; add --upcycle")
+    if not (args.synthetic or args.replot or args.merge or args.lengths):
+        check_data(parser, args)
     if args.prefix is None:
         args.prefix = DEFAULT_PREFIX[args.preset] + ("_upcycle" if args.upcycle else "")
     if args.out_dir is None:
@@ -159,6 +167,41 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------------------------------------- data
+
+
+def check_data(parser: argparse.ArgumentParser, args) -> None:
+    """The data of every task asked for is there (GCIDE holding the 12 MB the LM task reads), or one line naming what
+    to install, before any model is built."""
+    missing, packages, instead = [], [], []
+    if "lm" in args.tasks:
+        if data_sources.missing_gcide_message():
+            missing.append(f"the lm task reads the GCIDE dictionary (not at {data_sources.gcide_path()})")
+            packages.append("dict-gcide")
+            instead.append(f"set {data_sources.GCIDE_PATH_VARIABLE} to a copy")
+        else:
+            try:
+                with gzip.open(data_sources.gcide_path(), "rb") as handle:  # a dictd .dict.dz is gzip-compatible
+                    held = len(handle.read(12 * MB))
+            except (OSError, EOFError) as error:
+                parser.error(f"{data_sources.gcide_path()} cannot be read as a gzip-compressed dictionary ({error})")
+            if held < 12 * MB:
+                parser.error(
+                    f"{data_sources.gcide_path()} holds {held} bytes; the LM task reads 12 MB of GCIDE (10 train, 1 "
+                    f"validation, 1 test): point {data_sources.GCIDE_PATH_VARIABLE} at the whole dictionary"
+                )
+    if "vit" in args.tasks:
+        message = data_sources.missing_fashion_mnist_message(args.fashion_mnist_dir)
+        if message:
+            found = message.split("; ")[0].removeprefix("the Fashion-MNIST ")  # "folder <folder> does not exist"
+            missing.append(f"the vit task reads Fashion-MNIST ({found})")
+            packages.append("dataset-fashion-mnist")
+            instead.append("pass --fashion-mnist-dir a folder of its idx files")
+    if missing:
+        install = f"apt-get update && apt-get install -y {' '.join(packages)}"
+        parser.error(
+            f"{' and '.join(missing)}: install {'them' if len(missing) > 1 else 'it'} (Debian/Ubuntu, as root: "
+            f"`{install}`) or {' and '.join(instead)}, or pass --synthetic (generated data)"
+        )
 
 
 def load_gcide(eval_bytes: int, synthetic: bool, seed: int = 0):
@@ -176,18 +219,16 @@ def load_gcide(eval_bytes: int, synthetic: bool, seed: int = 0):
         split = (raw[:train_end], raw[train_end : train_end + len(raw) // 10], raw[train_end + len(raw) // 10 :])
     else:
         from damcha_hf.data import read_gcide_bytes
-        from damcha_hf.data_sources import GCIDE_PATH
 
-        raw = read_gcide_bytes(GCIDE_PATH, 12 * MB)
-        if len(raw) < 12 * MB:
-            raise ValueError(f"{GCIDE_PATH} holds {len(raw)} bytes; the LM task needs 12 MB (10 train, 1 val, 1 test).")
+        raw = read_gcide_bytes(data_sources.gcide_path(), 12 * MB)  # its size checked while parsing (`check_data`)
         split = (raw[: 10 * MB], raw[10 * MB : 11 * MB], raw[11 * MB : 12 * MB])
     train, validation, test = (torch.frombuffer(bytearray(part), dtype=torch.uint8).long() for part in split)
     return train, validation[:eval_bytes], test[:eval_bytes]
 
 
-def load_fashion_mnist(synthetic: bool, seed: int = 0):
-    """((train images, labels), (test images, labels)); images float (N, 1, 28, 28), normalised."""
+def load_fashion_mnist(synthetic: bool, seed: int = 0, folder: str = data_sources.FASHION_MNIST_DIR):
+    """((train images, labels), (test images, labels)) from the idx files in `folder`; images float (N, 1, 28, 28),
+    normalised."""
     import torch
 
     if synthetic:
@@ -203,7 +244,7 @@ def load_fashion_mnist(synthetic: bool, seed: int = 0):
     else:
         from damcha_hf.data import read_fashion_mnist
 
-        splits = [[torch.tensor(array) for array in read_fashion_mnist(split=split)] for split in ("train", "test")]
+        splits = [[torch.tensor(array) for array in read_fashion_mnist(folder, split)] for split in ("train", "test")]
     return [(((images.float() / 255.0 - 0.2860) / 0.3530).unsqueeze(1), labels.long()) for images, labels in splits]
 
 
@@ -345,7 +386,7 @@ def lm_task(args, device) -> Task:
 def vit_task(args, device) -> Task:
     import torch
 
-    (train_x, train_y), (test_x, test_y) = load_fashion_mnist(args.synthetic)
+    (train_x, train_y), (test_x, test_y) = load_fashion_mnist(args.synthetic, folder=args.fashion_mnist_dir)
     test_x, test_y = test_x[: args.vit_test_images], test_y[: args.vit_test_images]
     print(f"\n== Fashion-MNIST{' (synthetic)' if args.synthetic else ''}: train {len(train_x)} images, "
           f"test {len(test_x)} ==", flush=True)  # fmt: skip
@@ -879,8 +920,6 @@ def main(argv=None):
     refuse_to_overwrite(json_path, args.overwrite)
     import torch
 
-    from damcha_hf.data_sources import FASHION_MNIST_DIR, GCIDE_PATH
-
     device, machine = set_up_device(args.device, args.threads)
     args.device = str(device)
     print(f"quality.py ({args.preset} preset) on {machine}; args: {vars(args)}", flush=True)
@@ -891,7 +930,7 @@ def main(argv=None):
             "machine": machine,
             "torch": torch.__version__,
             "args": vars(args),
-            "data": "synthetic" if args.synthetic else {"lm": GCIDE_PATH, "vit": FASHION_MNIST_DIR},
+            "data": "synthetic" if args.synthetic else {"lm": data_sources.gcide_path(), "vit": args.fashion_mnist_dir},
             "finished": finished,
             "wall_seconds": time.time() - started,
             **analyse(results),

@@ -87,7 +87,10 @@ def score_mixing_attention(
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + attention_mask
-    probabilities = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    # At least float32 (half-precision logits are upcast, as stock eager attention does), and float64 kept: a float64
+    # mask's minimum, cast to float32, is -inf, and a row with every key masked (a left pad) would be NaN.
+    softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
+    probabilities = nn.functional.softmax(scores, dim=-1, dtype=softmax_dtype).to(value.dtype)
     probabilities = mixing.mix_probabilities(probabilities, query_weights, key_weights)
     probabilities = nn.functional.dropout(probabilities, p=dropout, training=module.training)
     attn_output = torch.matmul(probabilities, value).transpose(1, 2)

@@ -1,7 +1,10 @@
 """Shared test setup: offline, deterministic, tiny random configs."""
 
+import gzip
 import inspect
 import os
+import random
+import struct
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -12,6 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # "Kernels are not available". The tests use no Hub kernels on any version.
 os.environ.setdefault("USE_HUB_KERNELS", "0")
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import BartConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, ViTConfig  # noqa: E402
@@ -159,3 +163,43 @@ def randomize_cross_head(model: torch.nn.Module, scale: float = 0.3, seed: int =
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+# --- the Debian data sets, as small generated samples in their on-disk formats -----------------------------------
+# Tests never read /usr/share/datasets/fashion-mnist or /usr/share/dictd/gcide.dict.dz: the code under test is pointed
+# at these (--fashion-mnist-dir, $DAMCHA_GCIDE_PATH) instead.
+
+
+def write_idx(path, array) -> None:
+    """`array` as a gzipped idx file (the MNIST format: two zero bytes, 0x08 for unsigned bytes, the number of
+    dimensions, each size as a big-endian 32-bit integer, then the bytes)."""
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as handle:
+        handle.write(header + np.asarray(array).astype(np.uint8).tobytes())
+
+
+def write_fashion_mnist(folder, train: int = 60, test: int = 20, seed: int = 0) -> str:
+    """A folder laid out as Debian's dataset-fashion-mnist installs Fashion-MNIST (train-images-idx3-ubyte.gz,
+    train-labels-idx1-ubyte.gz and the t10k-* pair), holding `train` and `test` random 28x28 images, labels 0-9."""
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for prefix, count in (("train", train), ("t10k", test)):
+        write_idx(os.path.join(folder, f"{prefix}-images-idx3-ubyte.gz"), rng.integers(0, 256, (count, 28, 28)))
+        write_idx(os.path.join(folder, f"{prefix}-labels-idx1-ubyte.gz"), rng.integers(0, 10, count))
+    return str(folder)
+
+
+def write_gcide(path, size: int = 50_000, seed: int = 0) -> str:
+    """A dictionary of at least `size` bytes as dictd stores GCIDE (`gcide.dict.dz`, gzip-compatible): one entry a
+    line, a headword and a definition of words drawn from a random vocabulary."""
+    rng = random.Random(seed)
+    vocabulary = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(500)]
+    blocks, written = [], 0
+    while written < size:
+        words = rng.choices(vocabulary, k=4000)
+        block = "".join(f"{words[i].capitalize()}, n. {' '.join(words[i + 1 : i + 10])}.\n" for i in range(0, 4000, 10))
+        blocks.append(block)
+        written += len(block)
+    with gzip.open(path, "wb", compresslevel=1) as handle:
+        handle.write("".join(blocks).encode())
+    return str(path)

@@ -71,10 +71,11 @@ def test_query_key_scores_match_head_pair_oracle(context, mask):
 
 
 def test_zero_generator_is_identity_and_mha_scores():
-    metric = CrossHeadMetric(HIDDEN, HEADS, metric_hidden_size=8)
-    x = torch.randn(BATCH, SEQ, HIDDEN)
-    torch.testing.assert_close(metric(x), torch.eye(HEADS).expand(BATCH, SEQ, HEADS, HEADS))
-    query, key = torch.randn(2, BATCH, HEADS, SEQ, HEAD_DIM)
+    # float64: mixing by the identity sums in another order than `query @ key^T`, a rounding far below 1e-6 here
+    metric = CrossHeadMetric(HIDDEN, HEADS, metric_hidden_size=8).double()
+    x = torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.float64)
+    torch.testing.assert_close(metric(x), torch.eye(HEADS, dtype=torch.float64).expand(BATCH, SEQ, HEADS, HEADS))
+    query, key = torch.randn(2, BATCH, HEADS, SEQ, HEAD_DIM, dtype=torch.float64)
     for context in ("token", "sequence", "query"):
         mixed_query, mixed_key = cross_head_query_key(query, key, x, metric, layer_idx=0, metric_context=context)
         scores = mixed_query @ full_width_key(mixed_query, mixed_key).transpose(-1, -2)
@@ -240,9 +241,9 @@ def test_exact_gelu_is_pytorchs_own_kernel_for_small_inputs_and_gelu_for_all(sha
 def test_inference_path_equals_the_autograd_path_and_the_oracle():
     """The generator's no-grad path (what decoding runs: two `linear` and `exact_gelu`) and its autograd path
     (`RecomputedGeneratorMLP`) give the oracle's C, for one token as in a decoding step and for a prompt, with the
-    per-layer generators picked by index."""
-    metric = random_metric()
-    for x in (torch.randn(1, 1, HIDDEN), torch.randn(BATCH, SEQ, HIDDEN)):
+    per-layer generators picked by index (in float64, where the paths' rounding is far below the tolerance)."""
+    metric = random_metric().double()
+    for x in (torch.randn(1, 1, HIDDEN, dtype=torch.float64), torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.float64)):
         for layer_idx in (0, 1):
             for mask in ("full", "diagonal", "offdiagonal"):
                 expected = oracle_cross_head(metric, x, layer_idx, mask)
@@ -261,8 +262,11 @@ def test_bf16_autocast_gradients_flow_through_the_plain_path():
         cross_head = metric(x, 0)
     assert cross_head.dtype == torch.bfloat16
     cross_head.float().sum().backward()
+    # bf16 keeps 8 significant bits: the generator's inputs, hidden activations and output each round to within 2^-8
+    # of their size (eps / 2), against an oracle in float32; a few such roundings add up, not 8 eps of them.
+    tolerance = 8 * torch.finfo(torch.bfloat16).eps
     torch.testing.assert_close(
-        cross_head.float(), oracle_cross_head(metric, x.detach(), 0, "full"), rtol=0.05, atol=0.05
+        cross_head.float(), oracle_cross_head(metric, x.detach(), 0, "full"), rtol=tolerance, atol=tolerance
     )
     assert x.grad is not None and metric.generators[0].fc_in.weight.grad is not None
 

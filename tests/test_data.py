@@ -2,12 +2,11 @@
 
 import gzip
 import os
-import struct
 
 import datasets
 import numpy as np
 import pytest
-from conftest import tiny_damcha_gpt2_config
+from conftest import tiny_damcha_gpt2_config, write_gcide, write_idx
 from PIL import Image
 from transformers import AutoTokenizer
 
@@ -149,18 +148,28 @@ def test_stdlib_corpus_is_the_standard_library():
     assert not any(f"{os.sep}test{os.sep}" in f or "site-packages" in f for f in files)
 
 
-def _write_idx(path, array):
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    with gzip.open(path, "wb") as handle:
-        handle.write(header + array.astype(np.uint8).tobytes())
+def test_gcide_is_read_from_the_file_damcha_gcide_path_names(tmp_path, monkeypatch):
+    """`--data gcide` reads the dictionary through gzip (a dictd .dict.dz is gzip-compatible), from $DAMCHA_GCIDE_PATH
+    where it is set; a path given to the reader wins over both."""
+    path = write_gcide(tmp_path / "gcide.dict.dz", size=300_000)
+    with gzip.open(path, "rt") as handle:
+        text = handle.read()
+    monkeypatch.setenv("DAMCHA_GCIDE_PATH", path)
+    assert data.read_gcide() == text and data.read_gcide_bytes(max_bytes=100) == text[:100].encode()
+    corpus = data.load_text_corpus("gcide", max_bytes=100_000)
+    together = "".join(corpus["train"]["text"]) + "".join(corpus["validation"]["text"])
+    assert sorted(together) == sorted(text[: len(together)]) and 100_000 <= len(together) < 100_200
+    assert len(corpus["validation"]) >= data.MIN_VALIDATION_DOCUMENTS
+    with pytest.raises(FileNotFoundError, match=f"not at {tmp_path}/other.dz;"):
+        data.read_gcide(str(tmp_path / "other.dz"))
 
 
 def test_fashion_mnist_idx_reader(tmp_path):
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(6, 28, 28))
     labels = np.array([3, 1, 4, 1, 5, 9])
-    _write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", images)
-    _write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", labels)
+    write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", images)
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", labels)
     loaded = data.load_fashion_mnist(str(tmp_path), "test", max_samples=5)
     assert len(loaded) == 5
     assert list(loaded["label"]) == labels[:5].tolist()

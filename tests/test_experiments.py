@@ -2,6 +2,7 @@
 measuring functions and statistics against closed-form values, the paired starting point of the rows, and the
 shared training loop against a loop written out by hand."""
 
+import gzip
 import json
 import math
 import os
@@ -10,8 +11,10 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+from conftest import write_gcide, write_idx
 from transformers import LlamaForCausalLM
 
 import damcha_hf
@@ -220,6 +223,61 @@ def test_quality_tiny_writes_results_and_figures(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--overwrite"):
         quality.main(["--tiny", "--synthetic", "--threads", "1", "--out-dir", str(tmp_path)])
     assert (tmp_path / "quality_tiny.json").read_text() == written
+
+
+def test_quality_reads_the_debian_data_or_says_in_one_line_what_to_install(tmp_path, monkeypatch, capsys):
+    """Without --synthetic the LM task reads the GCIDE dictionary ($DAMCHA_GCIDE_PATH, else Debian's path) and the ViT
+    task Fashion-MNIST's idx files (--fashion-mnist-dir); data that is not there is refused in one line naming the
+    packages and --synthetic, before anything is built or written."""
+    out = tmp_path / "out"
+    monkeypatch.setenv("DAMCHA_GCIDE_PATH", str(tmp_path / "no.dict.dz"))
+    with pytest.raises(SystemExit) as refused:
+        quality.main(["--tiny", "--fashion-mnist-dir", str(tmp_path / "none"), "--out-dir", str(out)])
+    error = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and len(error.splitlines()) == 1 and not out.exists()
+    assert "`apt-get update && apt-get install -y dict-gcide dataset-fashion-mnist`" in error
+    assert f"not at {tmp_path}/no.dict.dz" in error and f"{tmp_path}/none does not exist" in error
+    assert "DAMCHA_GCIDE_PATH" in error and "--fashion-mnist-dir" in error and "--synthetic" in error
+    monkeypatch.setenv("DAMCHA_GCIDE_PATH", write_gcide(tmp_path / "short.dict.dz", size=1000))
+    with pytest.raises(SystemExit):
+        quality.main(["--tiny", "--tasks", "lm", "--out-dir", str(out)])
+    assert "the LM task reads 12 MB of GCIDE" in capsys.readouterr().err and not out.exists()
+    (tmp_path / "plain.txt").write_text("not compressed\n")
+    monkeypatch.setenv("DAMCHA_GCIDE_PATH", str(tmp_path / "plain.txt"))
+    with pytest.raises(SystemExit):
+        quality.main(["--tiny", "--tasks", "lm", "--out-dir", str(out)])
+    assert "plain.txt cannot be read as a gzip-compressed dictionary" in capsys.readouterr().err
+
+    # The LM splits are the dictionary's first 10 MB, the next 1 MB and the one after (their first `eval_bytes`).
+    gcide = write_gcide(tmp_path / "gcide.dict.dz", size=12_100_000, seed=1)
+    monkeypatch.setenv("DAMCHA_GCIDE_PATH", gcide)
+    with gzip.open(gcide, "rb") as handle:
+        text = handle.read()
+    train, validation, test = quality.load_gcide(300, synthetic=False)
+    assert bytes(train.tolist()) == text[:10_000_000]
+    assert bytes(validation.tolist()) == text[10_000_000:10_000_300]
+    assert bytes(test.tolist()) == text[11_000_000:11_000_300]
+    # The images are Fashion-MNIST's pixels normalised with its mean and standard deviation.
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "fashion-mnist"
+    folder.mkdir()
+    pixels = {}
+    for prefix, count in (("train", 40), ("t10k", 16)):
+        pixels[prefix] = rng.integers(0, 256, (count, 28, 28)), rng.integers(0, 10, count)
+        write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", pixels[prefix][0])
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", pixels[prefix][1])
+    (train_x, train_y), (test_x, test_y) = quality.load_fashion_mnist(False, folder=str(folder))
+    expected = (torch.tensor(pixels["train"][0], dtype=torch.float64) / 255 - 0.2860) / 0.3530
+    torch.testing.assert_close(train_x[:, 0].double(), expected, rtol=0, atol=1e-6)  # float32 of values below 3
+    assert train_y.tolist() == pixels["train"][1].tolist() and test_y.tolist() == pixels["t10k"][1].tolist()
+    assert test_x.shape == (16, 1, 28, 28)
+
+    report = quality.main(["--tiny", "--threads", "1", "--seeds", "0", "--rows", "MHA", "--no-baselines",
+                           "--no-plots", "--fashion-mnist-dir", str(folder), "--out-dir", str(out)])  # fmt: skip
+    assert report["data"] == {"lm": gcide, "vit": str(folder)}
+    assert list(report["results"]["lm"]) == list(report["results"]["vit"]) == ["MHA"]
+    printed = capsys.readouterr().out
+    assert "on GCIDE: train 10000000 bytes" in printed and "Fashion-MNIST: train 40 images, test 16" in printed
 
 
 class _FakeCuda:
@@ -464,10 +522,10 @@ def test_vit_capacity_controls_match_damcha_and_dcmha_parameter_counts(tmp_path)
 
 
 def test_quality_writes_to_a_new_runs_folder_by_default():
-    args = quality.parse_args(["--tiny"])
+    args = quality.parse_args(["--tiny", "--synthetic"])
     runs = os.path.join(quality.REPOSITORY, "runs", "quality")
     assert os.path.dirname(args.out_dir) == runs and os.path.basename(args.out_dir).startswith("quality_tiny-")
-    assert quality.parse_args(["--tiny", "--upcycle"]).prefix == "quality_tiny_upcycle"
+    assert quality.parse_args(["--tiny", "--synthetic", "--upcycle"]).prefix == "quality_tiny_upcycle"
     with pytest.raises(SystemExit):
         quality.parse_args(["--tiny", "--lora"])  # an upcycling flag without --upcycle
 

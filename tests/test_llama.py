@@ -112,12 +112,12 @@ def test_attention_layer_matches_head_pair_oracle(kv_heads, context, mask, attn)
 def test_key_mixing_commutes_with_rope():
     """sum_l C_jl R_s K_l = R_s sum_l C_jl K_l: RoPE rotates every head of a position alike, so where it is applied
     relative to the mix does not matter (and the model mixes the rotated keys, which the cache stores)."""
-    model = damcha_lm("token", kv_heads=2)
+    model = damcha_lm("token", kv_heads=2).double()  # float64: rounding far below the tolerance on any CPU
     metric, rotary = model.model.cross_head_metric, model.model.rotary_emb
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    x = torch.randn(2, 7, 64)
-    query, key = torch.randn(2, 8, 7, 8), torch.randn(2, 2, 7, 8)
+    x = torch.randn(2, 7, 64, dtype=torch.float64)
+    query, key = torch.randn(2, 8, 7, 8, dtype=torch.float64), torch.randn(2, 2, 7, 8, dtype=torch.float64)
     cos, sin = rotary(x, torch.arange(5, 12)[None])
     with torch.no_grad():
         _, mixed_then_rotated = cross_head_query_key(query, key, x, metric, layer_idx=0, metric_context="token")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_damcha_gpt2_config
+from conftest import tiny_damcha_gpt2_config, write_fashion_mnist, write_gcide
 
 import damcha_hf
 from damcha_hf.cli import main as cli_main
@@ -48,6 +48,7 @@ def documented_commands(script: str) -> list[list[str]]:
 
 
 def test_documented_train_gpt2_commands_get_distinct_output_folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAMCHA_GCIDE_PATH", write_gcide(tmp_path / "gcide.dict.dz"))  # `--data gcide` is checked
     monkeypatch.chdir(tmp_path)
     commands = documented_commands("train_gpt2.py")
     assert len(commands) >= 2
@@ -250,20 +251,7 @@ def test_train_vit_without_fashion_mnist_says_how_to_get_it_while_parsing(tmp_pa
 
 def test_a_quick_vit_run_reads_only_the_fashion_mnist_images_it_needs(tmp_path, capsys):
     """5 steps of 4 images need a few images, not the whole training set (60,000 images took 10 s to read)."""
-    import gzip
-    import struct
-
-    def write_idx(path, array):
-        header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-        with gzip.open(path, "wb") as handle:
-            handle.write(header + array.astype(np.uint8).tobytes())
-
-    rng = np.random.default_rng(0)
-    folder = tmp_path / "fashion-mnist"
-    folder.mkdir()
-    for prefix, count in (("train", 500), ("t10k", 20)):
-        write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (count, 28, 28)))
-        write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", rng.integers(0, 10, count))
+    folder = write_fashion_mnist(tmp_path / "fashion-mnist", train=500, test=20)
     vit = ["--fashion-mnist-dir", str(folder), "--hidden-size", "16", "--num-layers", "1", "--num-heads", "2",
            "--patch-size", "7", "--batch-size", "4", "--num-threads", "1", "--max-steps", "5"]  # fmt: skip
     load_recipe("train_vit").main([*vit, "--output-dir", str(tmp_path / "quick")])

@@ -460,15 +460,21 @@ def test_mistakes_that_would_fail_after_loading_data_fail_while_parsing(tmp_path
     import damcha_hf.data_sources
 
     out = ["--output-dir", str(tmp_path / "run")]
+    monkeypatch.delenv("DAMCHA_GCIDE_PATH", raising=False)
     monkeypatch.setattr(damcha_hf.data_sources, "GCIDE_PATH", str(tmp_path / "dictd" / "gcide.dict.dz"))
     for name in ("train_gpt2", "train_gpt2_accelerate"):
         message = parse_error(name, ["--data", "gcide", *out], capsys)
-        assert f"the GCIDE dictionary is not at {tmp_path}/dictd/gcide.dict.dz" in message
-        assert "apt-get install dict-gcide" in message
+        assert f"the GCIDE dictionary is not at {tmp_path}/dictd/gcide.dict.dz;" in message
+        assert "apt-get install dict-gcide" in message and "set DAMCHA_GCIDE_PATH to a copy" in message
         message = parse_error(name, ["--metric-context", "sequence", *out], capsys)
         assert "would let a causal language model see future tokens; use --metric-context token" in message
+    monkeypatch.setenv("DAMCHA_GCIDE_PATH", str(tmp_path / "elsewhere.dict.dz"))
+    message = parse_error("train_gpt2", ["--data", "gcide", *out], capsys)
+    assert f"not at {tmp_path}/elsewhere.dict.dz ($DAMCHA_GCIDE_PATH);" in message
+    monkeypatch.delenv("DAMCHA_GCIDE_PATH")
     assert main_cli_error(["demo", "--data", "gcide", "--output-dir", str(tmp_path / "demo")], capsys).endswith(
-        "apt-get install dict-gcide`), or pass --data stdlib or a text file, folder or glob (see damcha-hf demo --help)"
+        "apt-get install dict-gcide`) or set DAMCHA_GCIDE_PATH to a copy, or pass --data stdlib or a text file, folder "
+        "or glob (see damcha-hf demo --help)"
     )
     message = parse_error("train_gpt2", ["--cross-head-variant", "dcmha", "--attn", "sdpa", *out], capsys)
     assert "use --attn eager (its default) instead of --attn sdpa" in message

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import write_fashion_mnist
 from PIL import Image
 from test_recipes import assert_loss_goes_down, load_recipe, losses, trainer_state
 from transformers import AutoModel
@@ -126,10 +127,13 @@ def test_every_compared_method_starts_from_the_seeds_mha_denoiser(tmp_path):
                                   "--hidden-size", "16", "--num-heads", "2", "--num-layers", "1"])  # fmt: skip
     folder = comparison.initial_model(args, seed=3)
     recipe = load_recipe("train_diffusion")
+    # The recipe's default data is Fashion-MNIST, whose folder parsing checks.
+    fashion_mnist = ["--fashion-mnist-dir", write_fashion_mnist(tmp_path / "fashion-mnist")]
     pixel_values, timestep = torch.randn(2, 1, 28, 28), torch.tensor([5, 700])
     outputs = {}
     for method, flags in comparison.METHODS.items():
-        recipe_args = recipe.parse_args(["--init-from", folder, *flags, "--output-dir", str(tmp_path / method)])
+        recipe_args = recipe.parse_args(["--init-from", folder, *flags, *fashion_mnist, "--output-dir",
+                                         str(tmp_path / method)])  # fmt: skip
         model = recipe.build_model(recipe_args, channels=1, image_size=28).eval()
         assert model.config.cross_head_variant == flags[1]
         with torch.no_grad():

@@ -458,7 +458,7 @@ def recover_interrupted_saves(parent: Path, is_target=None, *, held: bool = Fals
     if restored:
         done.append(f"restored {', '.join(name + '/' for name in restored)} as it was before the save")
     if removed:
-        done.append(f"removed {len(removed)} unfinished or replaced temporary copies ({_describe(removed)})")
+        done.append(f"removed {len(removed)} unfinished, replaced or discarded temporary copies ({_describe(removed)})")
     message = f"{parent}: an earlier save was interrupted; " + "; ".join(done)
     print(message, file=sys.stderr, flush=True)
     return message

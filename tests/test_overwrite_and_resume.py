@@ -174,6 +174,36 @@ def test_a_run_killed_mid_save_is_replaced_entirely_by_overwrite(run_a, corpus, 
     assert stamp(run / "checkpoint-4") == run_id(run) != run_a_id
 
 
+@pytest.mark.slow  # about 20 s: a run started in its own process and killed
+def test_a_run_killed_by_sigkill_is_replaced_and_never_resumed(corpus, tmp_path):
+    import os
+    import signal
+    import time
+
+    recipe = load_recipe("train_gpt2")
+    run = tmp_path / "run"
+    command = [sys.executable, str(Path(recipe.__file__)), *arguments(corpus, run), "--max-steps", "100000",
+               "--save-steps", "1", "--seed", "1"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "USE_HUB_KERNELS": "0", "OMP_NUM_THREADS": "1"}
+    killed = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "checkpoint-5").exists() and killed.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+    assert killed.returncode == -signal.SIGKILL
+    run_a_id = run_id(run)
+    assert any(stamp(path) == run_a_id for path in run.glob("checkpoint-*") if (path / SAVE_RECORD_FILE).exists())
+
+    recipe.main([*arguments(corpus, run), "--max-steps", "2", "--overwrite-output-dir", "--seed", "2"])
+    assert entries(run) == [RUN_RECORD_FILE, "checkpoint-2", "eval_results.json", "final"]
+    result = recipe.main([*arguments(corpus, run), "--max-steps", "3", "--resume", "--seed", "2"])
+    assert result["resumed_from"] == str(run / "checkpoint-2") and result["global_step"] == 3
+    assert stamp(run / "checkpoint-3") == run_id(run) != run_a_id
+
+
 @pytest.mark.parametrize("cut", ["while moving entries aside", "while deleting"])
 def test_an_overwrite_cut_short_never_brings_the_earlier_run_back(run_a, corpus, tmp_path, monkeypatch, cut):
     recipe = load_recipe("train_gpt2")

@@ -324,7 +324,8 @@ def check_run_folder_contents(parser: argparse.ArgumentParser, args: argparse.Na
                         written=RUN_FOLDER_ENTRIES + LEFTOVER_ENTRIES, checkpoints=RUN_FOLDER_CHECKPOINTS)  # fmt: skip
     resume_here = args.resume == "latest" or (args.resume and in_folder(args.resume, args.output_dir))
     if args.overwrite_output_dir and resume_here:
-        parser.error(f"--resume {args.resume} continues the run in --output-dir {args.output_dir}, which "
+        named = "--resume" if args.resume == "latest" else f"--resume {args.resume}"
+        parser.error(f"{named} continues the run in --output-dir {args.output_dir}, which "
                      "--overwrite-output-dir removes; leave out --overwrite-output-dir to continue that run, or "
                      "--resume to replace it with a new one")  # fmt: skip
     if args.overwrite_output_dir:
@@ -602,7 +603,7 @@ def check_resume_state(args: argparse.Namespace, checkpoint: str | None, state: 
         raise ValueError(
             f"--resume {checkpoint}: the checkpoint is at step {step}, past --max-steps {args.max_steps}, and a run "
             f"never goes back; pass --max-steps {step} to evaluate and save it as it is, a larger --max-steps to train "
-            "on, or leave out --resume to start a new run"
+            "on, or --overwrite-output-dir instead of --resume to start a new run"
         )
     if step == args.max_steps:
         print(f"--resume {checkpoint}: the checkpoint is at step {step} = --max-steps, so nothing is left to train; "

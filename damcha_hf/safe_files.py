@@ -7,7 +7,11 @@ The project's rule: no command or function deletes or overwrites a file it did n
   it is never left half-written. Temporary files and folders are created with the permissions the umask allows (not
   `tempfile`'s forced 0600/0700), so checkpoints and images are as readable as any other file the user writes.
 - `write_save_record`: a checkpoint save lists the files it wrote in `SAVE_RECORD_FILE`, written last; a folder is
-  replaced only when it holds nothing but what its record lists.
+  replaced only when it holds nothing but what its record lists. A save in a training run also carries the run's id.
+- `record_run_entry` / `read_run_record`: a training run names itself (a run id) and each folder it writes in place (a
+  checkpoint being saved, tracker logs) in its run folder's `RUN_RECORD_FILE`, before writing it;
+  `earlier_run_entries` and `remove_entries` then replace an earlier run with nothing but what its records say it
+  wrote, crash-safely (each entry renamed aside, then deleted).
 - `check_checkpoint_folder` (a folder that is replaced as a whole, e.g. `save_hub_checkpoint`'s or the demo's) and
   `check_run_folder` (a folder a training recipe writes into): they refuse, before any training starts, a path that is
   a file, cannot be created, is the current folder, one of its parents, the home folder, or a folder holding files
@@ -35,6 +39,7 @@ import re
 import secrets
 import shutil
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -211,20 +216,20 @@ class CorruptFileError(ValueError):
     the file and what is wrong with it."""
 
 
-def write_save_record(folder: str | os.PathLike) -> Path:
-    """Record the files of `folder` (a staging folder holding only what the save just wrote) as the save's own."""
+def write_save_record(folder: str | os.PathLike, *, run_id: str | None = None) -> Path:
+    """Record the files of `folder` (a staging folder holding only what the save just wrote) as the save's own; a
+    checkpoint of a training run also records the run's id (`run_id`, see `RUN_RECORD_FILE`)."""
     folder = Path(folder)
     names = [
         entry.relative_to(folder).as_posix()
         for entry in _own_entries(folder)
         if entry.name != SAVE_RECORD_FILE and not (entry.is_dir() and not entry.is_symlink())
     ]
-    return write_json(folder / SAVE_RECORD_FILE, {"written_by": "damcha-hf", "files": names})
+    record = {"written_by": "damcha-hf", "files": names, **({"run_id": run_id} if run_id else {})}
+    return write_json(folder / SAVE_RECORD_FILE, record)
 
 
-def saved_files(folder: str | os.PathLike) -> list[str] | None:
-    """The file names the save record of `folder` lists (`name`, or `subfolder/name` one level down), or None when it
-    has no record. A record that is not a readable list of such names raises `CorruptFileError` naming it."""
+def _save_record(folder: str | os.PathLike) -> dict | None:
     path = Path(folder) / SAVE_RECORD_FILE
     if not path.exists() and not path.is_symlink():
         return None
@@ -232,7 +237,22 @@ def saved_files(folder: str | os.PathLike) -> list[str] | None:
     names = record.get("files") if isinstance(record, dict) else None
     if not isinstance(names, list) or not all(isinstance(name, str) and _recorded_name(name) for name in names):
         raise CorruptFileError(f"{path}: not a record of the files a save wrote (no list of plain file names)")
-    return names
+    return record
+
+
+def saved_files(folder: str | os.PathLike) -> list[str] | None:
+    """The file names the save record of `folder` lists (`name`, or `subfolder/name` one level down), or None when it
+    has no record. A record that is not a readable list of such names raises `CorruptFileError` naming it."""
+    record = _save_record(folder)
+    return None if record is None else record["files"]
+
+
+def saved_run_id(folder: str | os.PathLike) -> str | None:
+    """The id of the training run whose save wrote `folder` (a checkpoint), or None: no save record (an unfinished
+    save, a checkpoint of an older damcha-hf, or one put there by hand), or a save outside a run."""
+    record = _save_record(folder)
+    run_id = record.get("run_id") if record else None
+    return run_id if isinstance(run_id, str) else None
 
 
 def _plain_name(name: str) -> bool:
@@ -379,9 +399,11 @@ def check_run_folder(
 
 # ------------------------------------------------------------------------------------------- interrupted saves
 
-# The temporary names of `_temporary_name` (`.NAME.tmp-PID-HEX`, a save in progress) and of a folder moved aside
-# while a new one takes its place (`.NAME.old-PID-HEX`).
-_LEFTOVER = re.compile(r"\.(?P<target>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}")
+# The temporary names of `_temporary_name` (`.NAME.tmp-PID-HEX`, a save in progress), of a folder moved aside
+# while a new one takes its place (`.NAME.old-PID-HEX`), and of an entry moved aside to be deleted
+# (`.NAME.del-PID-HEX`, `remove_entries`).
+LEFTOVER_KINDS = ("tmp", "old", "del")
+_LEFTOVER = re.compile(r"\.(?P<target>.+)\.(?P<kind>tmp|old|del)-(?P<pid>\d+)-[0-9a-f]{8}")
 
 
 def _process_alive(pid: int) -> bool:
@@ -402,7 +424,8 @@ def recover_interrupted_saves(parent: Path, is_target=None, *, held: bool = Fals
     A save writes `NAME` under `.NAME.tmp-PID-HEX` and renames it into place; a folder it replaces is first moved to
     `.NAME.old-PID-HEX` and deleted once the new one is in place. So: with `NAME` missing, its `.old` copy is the
     last complete checkpoint and is renamed back (a save cut short leaves what was there before it); every other
-    leftover is an unfinished save or a copy already replaced, and is deleted. Only leftovers whose `NAME` passes
+    leftover is an unfinished save, a copy already replaced or an entry being deleted (`.NAME.del-PID-HEX`, never
+    restored), and is deleted. Only leftovers whose `NAME` passes
     `is_target` are touched, and (unless the caller holds `parent`'s run lock, `held`) only those of processes no
     longer running, so a save in progress elsewhere is left alone.
     """
@@ -435,10 +458,121 @@ def recover_interrupted_saves(parent: Path, is_target=None, *, held: bool = Fals
     if restored:
         done.append(f"restored {', '.join(name + '/' for name in restored)} as it was before the save")
     if removed:
-        done.append(f"removed {len(removed)} unfinished or replaced temporary copies ({_describe(removed)})")
+        done.append(f"removed {len(removed)} unfinished, replaced or discarded temporary copies ({_describe(removed)})")
     message = f"{parent}: an earlier save was interrupted; " + "; ".join(done)
     print(message, file=sys.stderr, flush=True)
     return message
+
+
+# --------------------------------------------------------------------------------------- a run and what it wrote
+
+# Written in a run folder by the training run that writes into it: the run's id, which each checkpoint it saves
+# carries in its save record (`write_save_record(..., run_id=...)`), and the entries of the folder it writes in place
+# (a checkpoint being saved, tracker logs), each named before it is written. `--resume` continues only checkpoints of
+# this run; replacing the run removes an entry only when a record says the program wrote it.
+RUN_RECORD_FILE = ".damcha-hf-run.json"
+
+
+def new_run_id() -> str:
+    """A new run's id: when it started (UTC) and 8 random hex digits, e.g. `20260105T101502Z-3f9a0c1e`."""
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+
+
+def read_run_record(folder: str | os.PathLike) -> dict | None:
+    """The run record of `folder` (`{"run_id": ..., "entries": [...]}`), or None when it has none; a damaged one
+    raises `CorruptFileError` naming it."""
+    path = Path(folder) / RUN_RECORD_FILE
+    if not path.exists() and not path.is_symlink():
+        return None
+    record = read_json_file(path, "the record of a training run")
+    entries = record.get("entries") if isinstance(record, dict) else None
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("run_id"), str)
+        or not isinstance(entries, list)
+        or not all(isinstance(name, str) and _plain_name(name) for name in entries)
+    ):
+        raise CorruptFileError(f"{path}: not the record of a training run (no run_id and list of entries)")
+    return record
+
+
+def record_run_entry(folder: str | os.PathLike, run_id: str, name: str) -> None:
+    """Name `name` in the run record of `folder` as an entry the run `run_id` writes in place, before it writes it;
+    entries no longer there are dropped. The record is written atomically, so a kill leaves the old one or the new."""
+    folder = Path(folder)
+    record = read_run_record(folder) or {"entries": []}
+    entries = [entry for entry in record["entries"] if entry != name and (folder / entry).exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / RUN_RECORD_FILE, {"written_by": "damcha-hf", "run_id": run_id, "entries": [*entries, name]})
+
+
+def earlier_run_entries(
+    folder: str | os.PathLike, *, argument: str = "--output-dir", written: Iterable[str], files: Iterable[str]
+) -> list[Path]:
+    """The entries of `folder` that replacing the earlier run in it removes, checked before anything is removed.
+
+    `written`: the names (glob patterns) a run writes directly in `folder`; other entries are not the run's and are
+    left alone (`check_run_folder` refuses them). `files`: those among them that are files the run writes whole (its
+    results), the run's by their name. A folder is the run's when its save record lists every file in it, when the
+    run record names it (a save the run had begun, tracker logs) and it has no save record, or when it is empty. Any
+    other entry that the run's names match (a checkpoint without a save record, one holding files its save did not
+    write, a link) raises `UnsafeOutputError` naming it: nothing is removed that the program did not write. The run
+    record itself is the last entry returned, so that it goes last.
+    """
+    path = Path(folder).expanduser().absolute()
+    if not path.is_dir():
+        return []
+    written, files = tuple(written), tuple(files)
+    record = read_run_record(path)
+    begun = set(record["entries"]) if record else set()
+    removable, refused = [], []
+    for entry in sorted(path.iterdir()):
+        name = entry.name
+        if name in (RUN_LOCK_FILE, RUN_RECORD_FILE) or _LEFTOVER.fullmatch(name):
+            continue  # the lock is this run's; leftovers of killed saves are `recover_interrupted_saves`'
+        if not any(fnmatch.fnmatchcase(name, pattern) for pattern in written):
+            continue
+        if entry.is_symlink():
+            refused.append(f"{name} is a symbolic link")
+        elif entry.is_dir():
+            foreign = foreign_entries(entry) if (entry / SAVE_RECORD_FILE).exists() else None
+            if foreign:
+                refused.append(f"{name}/ holds files its save did not write ({_describe(foreign)})")
+            elif foreign is not None or name in begun or not any(entry.iterdir()):
+                removable.append(entry)
+            else:
+                refused.append(f"{name}/ has no record of what wrote it (no {SAVE_RECORD_FILE}: written by an older "
+                               "damcha-hf or put there by hand)")  # fmt: skip
+        elif any(fnmatch.fnmatchcase(name, pattern) for pattern in files):
+            removable.append(entry)
+        else:
+            refused.append(f"{name} is a file where a run writes a folder")
+    if refused:
+        shown = "; ".join(refused[:3]) + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")
+        raise UnsafeOutputError(
+            f"{_subject(argument, path)}: {shown}; replacing the earlier run removes only what it wrote, so move "
+            f"{'it' if len(refused) == 1 else 'them'} out of {path}, or choose another folder."
+        )
+    if record is not None:
+        removable.append(path / RUN_RECORD_FILE)
+    return removable
+
+
+def remove_entries(entries: Iterable[str | os.PathLike]) -> list[str]:
+    """Delete `entries` (files or folders) so that a kill at any moment leaves each one whole or on its way out: all are
+    first renamed aside, in order, to `.NAME.del-PID-HEX` (which `recover_interrupted_saves` deletes at the next start),
+    then deleted. Returns their names."""
+    aside = []
+    for entry in entries:
+        moved = _temporary_name(Path(entry), "del")
+        os.replace(entry, moved)
+        aside.append((Path(entry).name, moved))
+    for _, moved in aside:
+        if moved.is_dir() and not moved.is_symlink():
+            shutil.rmtree(moved)
+        else:
+            moved.unlink()
+    return [name for name, _ in aside]
 
 
 # ----------------------------------------------------------------------------------------------- one run per folder
@@ -731,12 +865,18 @@ __all__ = [
     "check_checkpoint_files",
     "check_checkpoint_folder",
     "check_run_folder",
+    "earlier_run_entries",
     "hold_lock",
     "loading_checkpoint",
     "make_staging_folder",
+    "new_run_id",
     "public_dataset_name",
+    "read_run_record",
     "reading",
+    "record_run_entry",
     "recover_interrupted_saves",
+    "remove_entries",
+    "saved_run_id",
     "write_json",
     "write_save_record",
 ]

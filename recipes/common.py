@@ -17,6 +17,7 @@ import glob
 import json
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from damcha_hf import argument_checks as checks
@@ -30,8 +31,10 @@ ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 # What a recipe writes directly in --output-dir: Trainer / Accelerate checkpoints, the final model, the results.
 RUN_SETTINGS_FILE = "run_settings.json"  # the model settings of a run whose checkpoints do not hold its config
 TRACKER_LOGS = "runs"  # TensorBoard's logs with --report-to tensorboard (the Trainer's place; the Accelerate recipe's)
-RUN_FOLDER_ENTRIES = ("checkpoint-*", "final", "eval_results.json", "adapter", "merged", "base",
-                      "parameter_sha256_rank*.txt", RUN_SETTINGS_FILE, TRACKER_LOGS)  # fmt: skip
+# The results a run writes whole, by these names: an earlier run's are replaced by name.
+RUN_RESULT_FILES = ("eval_results.json", "parameter_sha256_rank*.txt", RUN_SETTINGS_FILE)
+RUN_FOLDER_ENTRIES = ("checkpoint-*", "final", "adapter", "merged", "base", *RUN_RESULT_FILES, TRACKER_LOGS,
+                      safe_files.RUN_RECORD_FILE)  # fmt: skip
 RUN_FOLDER_CHECKPOINTS = ("final", "merged", "base")  # replaced as a whole by the final save
 
 
@@ -110,8 +113,9 @@ def add_training_arguments(
     )
     parser.set_defaults(output_dir_pattern=output_dir)
     group.add_argument("--overwrite-output-dir", action="store_true",
-                       help="write into --output-dir even if it holds an earlier run of this recipe (its "
-                       "checkpoints and results are replaced); files of other programs are still refused")  # fmt: skip
+                       help="replace the earlier run of this recipe in --output-dir: its checkpoints, results and "
+                       "logs are removed before any data is read, as far as the program's records say it wrote them; "
+                       "files of other programs are refused")  # fmt: skip
     group.add_argument("--max-steps", type=checks.positive_int, default=max_steps, help="optimizer steps")
     group.add_argument("--max-train-samples", type=checks.positive_int,
                        help="use only this many training examples (blocks/images)")  # fmt: skip
@@ -138,7 +142,8 @@ def add_training_arguments(
         "--resume",
         nargs="?",
         const="latest",
-        help="resume from a checkpoint folder, or (bare `--resume`) from the latest checkpoint in --output-dir. The "
+        help="resume from a checkpoint folder, or (bare `--resume`) from the latest checkpoint of the run in "
+        "--output-dir (never one of an earlier run replaced with --overwrite-output-dir). The "
         "model settings saved with the checkpoint win: a model flag (size, --metric-*, --cross-head-variant) left "
         "out takes the checkpoint's value, and one given with a different value is refused, naming every such flag",
     )
@@ -300,8 +305,11 @@ def hold_run_folder(parser: argparse.ArgumentParser, output_dir: str) -> None:
     safe_files.recover_interrupted_saves(os.path.abspath(output_dir), run_folder_entry, held=True)
 
 
-# What a killed save leaves in the run folder (`safe_files.recover_interrupted_saves` restores or removes it).
-LEFTOVER_ENTRIES = tuple(f".{pattern}.{kind}-[0-9]*-*" for pattern in RUN_FOLDER_ENTRIES for kind in ("tmp", "old"))
+# What a killed save or removal leaves in the run folder (`safe_files.recover_interrupted_saves` restores or removes
+# it).
+LEFTOVER_ENTRIES = tuple(
+    f".{pattern}.{kind}-[0-9]*-*" for pattern in RUN_FOLDER_ENTRIES for kind in safe_files.LEFTOVER_KINDS
+)
 
 
 def run_folder_entry(name: str) -> bool:
@@ -309,18 +317,46 @@ def run_folder_entry(name: str) -> bool:
 
 
 def check_run_folder_contents(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--output-dir holds only what this recipe writes; an earlier run's only with --overwrite-output-dir or --resume."""
+    """--output-dir holds only what this recipe writes; an earlier run's only with --overwrite-output-dir (which must
+    be able to remove all of it: `safe_files.earlier_run_entries`) or --resume (of that run: a checkpoint from
+    elsewhere may not continue into another run's folder)."""
     checks.check_output(parser, safe_files.check_run_folder, args.output_dir, argument="--output-dir",
                         written=RUN_FOLDER_ENTRIES + LEFTOVER_ENTRIES, checkpoints=RUN_FOLDER_CHECKPOINTS)  # fmt: skip
+    resume_here = args.resume == "latest" or (args.resume and in_folder(args.resume, args.output_dir))
+    if args.overwrite_output_dir and resume_here:
+        named = "--resume" if args.resume == "latest" else f"--resume {args.resume}"
+        parser.error(f"{named} continues the run in --output-dir {args.output_dir}, which "
+                     "--overwrite-output-dir removes; leave out --overwrite-output-dir to continue that run, or "
+                     "--resume to replace it with a new one")  # fmt: skip
+    if args.overwrite_output_dir:
+        checks.check_output(parser, safe_files.earlier_run_entries, args.output_dir, written=RUN_FOLDER_ENTRIES,
+                            files=RUN_RESULT_FILES)  # fmt: skip
+        return
     earlier = os.path.isdir(args.output_dir) and any(
         entry.name != safe_files.RUN_LOCK_FILE for entry in os.scandir(args.output_dir)
     )
-    if not args.resume and not args.overwrite_output_dir and earlier:
+    if not earlier:
+        return
+    if not args.resume:
         parser.error(
             f"--output-dir {args.output_dir} holds an earlier run (its checkpoints and results would be replaced); "
             "pass --overwrite-output-dir to replace them, --resume to continue that run, or choose another "
             "--output-dir"
         )
+    if not resume_here:
+        record = checks.check_output(parser, safe_files.read_run_record, args.output_dir)
+        stamp = checks.check_output(parser, safe_files.saved_run_id, args.resume)
+        if record is None or record["run_id"] != stamp:
+            held = f"run {record['run_id']}" if record else "a run without a run record"
+            parser.error(f"--resume {args.resume}: --output-dir {args.output_dir} holds another run ({held}), which "
+                         "this one would mix with; pass --overwrite-output-dir to replace it, or choose another "
+                         "--output-dir")  # fmt: skip
+
+
+def in_folder(path: str, folder: str) -> bool:
+    """Whether `path` is an entry of `folder` itself (not further down)."""
+    parent = os.path.dirname(os.path.normpath(os.path.abspath(path)))
+    return os.path.realpath(parent) == os.path.realpath(folder)
 
 
 def explicit_destinations(parser: argparse.ArgumentParser, argv=None) -> set[str]:
@@ -421,7 +457,9 @@ def training_arguments(args: argparse.Namespace, *, seq2seq: bool = False, **ove
         "eval_steps": eval_steps,
         "save_strategy": "steps",
         "save_steps": save_steps,
-        "save_total_limit": args.save_total_limit,
+        # --save-total-limit is the run's (`Run.remove_old_checkpoints`): the Trainer's rotation would delete any
+        # checkpoint-* folder, an earlier run's or one put there by hand.
+        "save_total_limit": None,
         "seed": args.seed,
         "data_seed": args.seed,
         "bf16": args.bf16,
@@ -453,32 +491,73 @@ def push_final_model(args: argparse.Namespace, folder: str) -> None:
         print(f"pushed {folder} to {args.hub_model_id}: {url}")
 
 
-def resolve_resume(resume: str | None, output_dir: str, marker: str = "trainer_state.json") -> str | None:
-    """`--resume` -> a checkpoint folder (or None). `latest` picks the `checkpoint-N` in `output_dir` with the
-    largest N that holds `marker` (a complete checkpoint)."""
+TRAINER_STATE_FILE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME: what a complete Trainer checkpoint holds
+
+
+def run_checkpoints(output_dir: str, marker: str) -> list[tuple[int, str]]:
+    """The `checkpoint-N` folders in `output_dir` holding `marker`, as (N, path), the largest N first."""
+    found = []
+    if os.path.isdir(output_dir):
+        for name in os.listdir(output_dir):
+            prefix, _, number = name.partition("-")
+            path = os.path.join(output_dir, name)
+            if prefix == "checkpoint" and number.isdigit() and os.path.isfile(os.path.join(path, marker)):
+                found.append((int(number), path))
+    return sorted(found, reverse=True)
+
+
+def not_of_run(checkpoint: str, record: dict) -> str | None:
+    """Why `checkpoint`, in the folder whose run record is `record`, is not a complete save of that run (None if it
+    is): a save cut short, another run's checkpoint, or one no run of the folder saved."""
+    stamp = safe_files.saved_run_id(checkpoint)
+    if stamp == record["run_id"]:
+        return None
+    if stamp is not None:
+        return f"of another run ({stamp})"
+    if os.path.basename(os.path.normpath(checkpoint)) in record["entries"]:
+        return "its save was cut short"
+    return "no run of this folder saved it (no record of its files)"
+
+
+def resolve_resume(resume: str | None, output_dir: str, marker: str = TRAINER_STATE_FILE) -> str | None:
+    """`--resume` -> a checkpoint folder (or None) of the run in `output_dir`. `latest` picks, like transformers'
+    `get_last_checkpoint`, the `checkpoint-N` with the largest N, but only one holding `marker` that the folder's run
+    saved in full (its save record carries the run's id, `safe_files.RUN_RECORD_FILE`), saying in one line which it
+    skipped; in a folder without a run record (of an older damcha-hf, or a checkpoint copied in) any complete one. A
+    checkpoint named in `output_dir` itself must be one of that run's too."""
     if resume is None:
         return None
+    record = safe_files.read_run_record(output_dir) if os.path.isdir(output_dir) else None
     if resume == "latest":
-        candidates = []
-        if os.path.isdir(output_dir):
-            for name in os.listdir(output_dir):
-                prefix, _, number = name.partition("-")
-                if (
-                    prefix == "checkpoint"
-                    and number.isdigit()
-                    and os.path.isfile(os.path.join(output_dir, name, marker))
-                ):
-                    candidates.append((int(number), os.path.join(output_dir, name)))
-        if not candidates:
-            raise FileNotFoundError(
-                f"--resume: no complete checkpoint-N folder in --output-dir {output_dir!r}; train without --resume "
-                "first, or pass the checkpoint folder."
-            )
-        return max(candidates)[1]
+        skipped = []
+        for _, checkpoint in run_checkpoints(output_dir, marker):
+            reason = not_of_run(checkpoint, record) if record else None
+            if reason is None:
+                if skipped:
+                    print(f"--resume: continuing {checkpoint}, the latest checkpoint of run {record['run_id']}; "
+                          f"skipped {'; '.join(skipped)}", file=sys.stderr, flush=True)  # fmt: skip
+                return checkpoint
+            skipped.append(f"{os.path.basename(checkpoint)} ({reason})")
+        run = f" of its run ({record['run_id']}; skipped {'; '.join(skipped)})" if skipped else ""
+        raise FileNotFoundError(
+            f"--resume: no complete checkpoint-N folder{run} in --output-dir {output_dir!r}; train without --resume "
+            "first, or pass the checkpoint folder."
+        )
     if not os.path.isfile(os.path.join(resume, marker)):
         raise FileNotFoundError(
             f"--resume {resume!r} is not a checkpoint of this recipe (no {marker}); pass a checkpoint-N folder."
         )
+    unrecorded = safe_files.saved_files(resume) is None and os.path.basename(os.path.normpath(resume)) not in (
+        record["entries"] if record else ()
+    )  # a checkpoint of an older damcha-hf, or copied in by hand: named, so the user's choice
+    if record and in_folder(resume, output_dir) and not unrecorded:
+        reason = not_of_run(resume, record)
+        if reason is not None:
+            raise ValueError(
+                f"--resume {resume}: not a checkpoint of the run in --output-dir {output_dir} (run "
+                f"{record['run_id']}): {reason}; pass --resume alone for that run's latest checkpoint, or move "
+                f"{resume} out of {output_dir} to continue it in a folder of its own"
+            )
     return resume
 
 
@@ -487,21 +566,25 @@ TRAINER_RESUME_STATE = {"optimizer.pt": "optimizer state", "scheduler.pt": "lear
                         "rng_state*.pth": "random number generator state"}  # fmt: skip
 
 
+def checkpoint_step(checkpoint: str, marker: str = TRAINER_STATE_FILE) -> int | None:
+    """The optimizer step a checkpoint was saved at: the Trainer's `global_step`, the Accelerate recipe's `step`."""
+    state = safe_files.read_json_file(os.path.join(checkpoint, marker), "the training state")
+    step = state.get("global_step", state.get("step")) if isinstance(state, dict) else None
+    return step if isinstance(step, int) else None
+
+
 def check_resume_state(args: argparse.Namespace, checkpoint: str | None, state: dict[str, str],
-                       marker: str = "trainer_state.json") -> bool:  # fmt: skip
+                       marker: str = TRAINER_STATE_FILE) -> bool:  # fmt: skip
     """Before training: the checkpoint's weights and `marker` are readable, and so is each `state` file, unless
-    --resume-weights-only. A missing or damaged one is refused, naming it. Returns whether to load the state
-    (False with --resume-weights-only: the weights and the step count alone)."""
+    --resume-weights-only. A missing or damaged one is refused, naming it. A checkpoint past --max-steps is refused
+    (training never goes back); one at --max-steps is evaluated and saved as it is, said in one line. Returns whether
+    to load the state (False with --resume-weights-only: the weights and the step count alone)."""
     if not checkpoint:
         return False
     safe_files.check_checkpoint_files(checkpoint)
-    safe_files.read_json_file(os.path.join(checkpoint, marker), "the training state")
-    if args.resume_weights_only:
-        print(f"--resume-weights-only: continuing from the weights of {checkpoint} at its step, with a new optimizer, "
-              "learning-rate schedule and random state")  # fmt: skip
-        return False
+    step = checkpoint_step(checkpoint, marker)
     problems = []
-    for pattern, what in state.items():
+    for pattern, what in {} if args.resume_weights_only else state.items():
         found = sorted(glob.glob(os.path.join(glob.escape(checkpoint), pattern)))
         if not found:
             problems.append(f"{os.path.join(checkpoint, pattern)} ({what}) is missing")
@@ -516,6 +599,19 @@ def check_resume_state(args: argparse.Namespace, checkpoint: str | None, state: 
             "--resume-weights-only to continue from the weights alone (a new optimizer; the learning rate warms up "
             "again), or resume from another checkpoint"
         )
+    if step is not None and step > args.max_steps:
+        raise ValueError(
+            f"--resume {checkpoint}: the checkpoint is at step {step}, past --max-steps {args.max_steps}, and a run "
+            f"never goes back; pass --max-steps {step} to evaluate and save it as it is, a larger --max-steps to train "
+            "on, or --overwrite-output-dir instead of --resume to start a new run"
+        )
+    if step == args.max_steps:
+        print(f"--resume {checkpoint}: the checkpoint is at step {step} = --max-steps, so nothing is left to train; "
+              "the run evaluates and saves it as it is (a larger --max-steps trains on)", flush=True)  # fmt: skip
+    if args.resume_weights_only:
+        print(f"--resume-weights-only: continuing from the weights of {checkpoint} at its step, with a new optimizer, "
+              "learning-rate schedule and random state")  # fmt: skip
+        return False
     return True
 
 
@@ -533,8 +629,121 @@ def trainer_resume(args: argparse.Namespace) -> tuple[str | None, bool]:
     return resume, check_resume_state(args, resume, TRAINER_RESUME_STATE)
 
 
-def train(trainer, resume: str | None, load_state: bool):
-    """`trainer.train()`, from `resume` when given: its whole state, or (`load_state` False) its weights and step."""
+class Run:
+    """The training run a recipe makes in --output-dir (`start_run`). Its id is stamped into the save record of every
+    checkpoint it saves, and each folder it writes in place is named in the folder's run record before it is written
+    (`safe_files.record_run_entry`): so --resume continues only this run's checkpoints, and --overwrite-output-dir
+    later removes only what the run wrote. Only the first process of a launch (`main`) writes the records."""
+
+    def __init__(self, output_dir: str, run_id: str, *, resume: str | None, keep: int | None, main: bool = True):
+        self.output_dir, self.run_id, self.resume, self.keep, self.main = output_dir, run_id, resume, keep, main
+
+    def writing(self, folder: str) -> None:
+        """Before the run writes `folder` (an entry of --output-dir) in place: name it in the run record."""
+        if self.main:
+            safe_files.record_run_entry(self.output_dir, self.run_id, os.path.basename(os.path.normpath(folder)))
+
+    def wrote(self, folder: str) -> None:
+        """Once `folder` is written: record its files with the run's id and, for a checkpoint, keep only the newest
+        --save-total-limit of the run's checkpoints (`remove_old_checkpoints`)."""
+        if not self.main:
+            return
+        safe_files.write_save_record(folder, run_id=self.run_id)
+        if self.keep and os.path.basename(os.path.normpath(folder)).startswith("checkpoint-"):
+            self.remove_old_checkpoints(folder)
+
+    def remove_old_checkpoints(self, newest: str) -> None:
+        """--save-total-limit: delete the oldest of this run's checkpoints beyond the newest `keep` (never `newest`,
+        the one just saved), each only if it holds nothing but what its save recorded. Unlike the Trainer's own
+        rotation, which deletes any `checkpoint-*` folder, another run's checkpoints and a user's are never touched."""
+        own = []
+        for _, checkpoint in run_checkpoints(self.output_dir, safe_files.SAVE_RECORD_FILE):
+            try:
+                if safe_files.saved_run_id(checkpoint) == self.run_id:
+                    own.append(checkpoint)
+            except safe_files.CorruptFileError:
+                continue
+        older = [checkpoint for checkpoint in own if not os.path.samefile(checkpoint, newest)]
+        for checkpoint in older[max(0, self.keep - 1) :]:
+            foreign = safe_files.foreign_entries(Path(checkpoint))
+            if foreign:
+                print(f"--save-total-limit: keeping {checkpoint}, which holds files its save did not write "
+                      f"({', '.join(foreign[:5])})", file=sys.stderr, flush=True)  # fmt: skip
+                continue
+            safe_files.remove_entries([checkpoint])
+
+    def trainer_callback(self, trainer):
+        """A `TrainerCallback` that records each checkpoint the `trainer` saves: named before the save, its files and
+        the run's id after (every process has then written its part, e.g. its random state)."""
+        from transformers import TrainerCallback
+
+        run = self
+
+        class RunRecord(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if control.should_save and state.is_world_process_zero:
+                    run.writing(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+
+            on_epoch_end = on_step_end
+
+            def on_save(self, args, state, control, **kwargs):
+                trainer.accelerator.wait_for_everyone()
+                if state.is_world_process_zero:
+                    run.wrote(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+
+        return RunRecord()
+
+
+def start_run(args: argparse.Namespace, resume: str | None) -> Run:
+    """Start the run in --output-dir, after every check and before any data is read: with --overwrite-output-dir the
+    earlier run goes, as far as its records say it wrote it (`safe_files.earlier_run_entries`, checked again; each
+    entry renamed aside, then deleted, so that a kill leaves nothing half-removed), said in one line. A resumed run
+    keeps its id (its checkpoint's, else the folder's) and drops the saves it left unfinished; a new run gets a new
+    id. Under a multi-process launch only the first process touches the folder."""
+    main = os.environ.get("RANK", "0") == "0"
+    output_dir = args.output_dir
+    if main and args.overwrite_output_dir:
+        entries = safe_files.earlier_run_entries(output_dir, written=RUN_FOLDER_ENTRIES, files=RUN_RESULT_FILES)
+        if entries:
+            removed = safe_files.remove_entries(entries)
+            shown = [name for name in removed if name != safe_files.RUN_RECORD_FILE]
+            print(f"--overwrite-output-dir: removed the earlier run in {output_dir} ({', '.join(shown) or 'its record'})",
+                  flush=True)  # fmt: skip
+    record = safe_files.read_run_record(output_dir) if os.path.isdir(output_dir) else None
+    run_id = None
+    if resume:
+        run_id = safe_files.saved_run_id(resume) or (record["run_id"] if record else None)
+    run = Run(output_dir, run_id or safe_files.new_run_id(), resume=resume, keep=args.save_total_limit, main=main)
+    if main and record and record["run_id"] == run.run_id:
+        unfinished = [
+            os.path.join(output_dir, name)
+            for name in record["entries"]
+            if name.startswith("checkpoint-")
+            and os.path.isdir(os.path.join(output_dir, name))
+            and not os.path.islink(os.path.join(output_dir, name))
+            and safe_files.saved_files(os.path.join(output_dir, name)) is None
+        ]
+        if unfinished:
+            removed = safe_files.remove_entries(unfinished)
+            print(f"{output_dir}: removed {', '.join(removed)}, left unfinished by an interrupted save", flush=True)
+    if main and args.report_to:
+        run.writing(os.path.join(output_dir, TRACKER_LOGS))  # TensorBoard's logs, written all along the run
+    return run
+
+
+def train(trainer, run: Run, load_state: bool):
+    """`trainer.train()`, recording the run's checkpoints (`Run.trainer_callback`), from `run.resume` when given: its
+    whole state, or (`load_state` False) its weights and step. A checkpoint already at `max_steps` is loaded, not
+    trained on (the Trainer would take one more step): the training loss of this call is then None."""
+    trainer.add_callback(run.trainer_callback(trainer))
+    resume = run.resume
+    if resume and (checkpoint_step(resume) or 0) >= trainer.args.max_steps:
+        from transformers.trainer_callback import TrainerState
+        from transformers.trainer_utils import TrainOutput
+
+        trainer._load_from_checkpoint(resume)
+        trainer.state = TrainerState.load_from_json(os.path.join(resume, TRAINER_STATE_FILE))
+        return TrainOutput(trainer.state.global_step, None, {})
     if resume and not load_state:
         resume_weights_only(trainer)
     return trainer.train(resume_from_checkpoint=resume)

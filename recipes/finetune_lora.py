@@ -152,6 +152,7 @@ def main(argv=None) -> dict:
         common.check_resume_settings(args, resume, LORA_RESUME_FLAGS, common.saved_model_config(resume))
     datasets = common.card_datasets(args.data) if args.data else None  # settled before training
     common.check_push(args)
+    run = common.start_run(args, resume)
 
     from peft import LoraConfig, get_peft_model
     from transformers import DataCollatorForLanguageModeling, Trainer, set_seed
@@ -233,13 +234,14 @@ def main(argv=None) -> dict:
         processing_class=processing,
         **metrics_kwargs,
     )
-    common.train(trainer, resume, load_state)
+    common.train(trainer, run, load_state)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, trainable_parameters=trainable)
 
     adapter = os.path.join(args.output_dir, "adapter")
     base_reference = adapter_base_reference(args.base_model_id, base_folder)
     peft_model.peft_config["default"].base_model_name_or_path = base_reference
+    run.writing(adapter)  # written in place by PEFT: named in the run record first
     # The embeddings are frozen and `<output-dir>/base` holds them as trained: no copy in the adapter (PEFT's "auto"
     # would look for the base's config at a Hub id or relative path to decide that, and warn when it cannot).
     peft_model.save_pretrained(adapter, save_embedding_layers=False)
@@ -247,6 +249,7 @@ def main(argv=None) -> dict:
     card = adapter_card(args, family, trainable, base_reference)
     common.safe_files.atomic_write(os.path.join(adapter, "README.md"), card)
     check_adapter_has_no_local_paths(adapter, args.output_dir)
+    run.wrote(adapter)
     if args.push_to_hub:  # the base first: the adapter names it
         common.push_final_model(argparse.Namespace(**{**vars(args), "hub_model_id": args.base_model_id}), base_folder)
         common.push_final_model(args, adapter)

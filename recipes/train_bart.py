@@ -150,6 +150,7 @@ def main(argv=None) -> dict:
     if resume:
         common.check_resume_settings(args, resume, BART_MODEL_FLAGS, common.saved_model_config(resume))
     common.check_push(args)
+    run = common.start_run(args, resume)
 
     from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, Seq2SeqTrainer, set_seed
 
@@ -194,7 +195,7 @@ def main(argv=None) -> dict:
         processing_class=tokenizer,
         compute_metrics=generation_metrics(tokenizer),
     )
-    train_result = common.train(trainer, resume, load_state)
+    train_result = common.train(trainer, run, load_state)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss,
                    eval_pairs=len(validation_pairs), eval_documents=documents)  # fmt: skip

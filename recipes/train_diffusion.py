@@ -212,6 +212,7 @@ def main(argv=None) -> dict:
         common.check_resume_settings(args, resume, SCHEDULE_FLAGS, saved_schedule(resume))
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
     common.check_push(args)
+    run = common.start_run(args, resume)
 
     import torch
     from transformers import AutoModel, Trainer, set_seed
@@ -239,7 +240,7 @@ def main(argv=None) -> dict:
         processing_class=processor,
         callbacks=[sample_grid_callback(scheduler, args)],
     )
-    train_result = common.train(trainer, resume, load_state)
+    train_result = common.train(trainer, run, load_state)
 
     model = trainer.model
     held_out = torch.stack([example["pixel_values"] for example in splits["validation"]])

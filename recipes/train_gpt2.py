@@ -70,6 +70,7 @@ def main(argv=None) -> dict:
     common.check_language_model_resume(args, resume)
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
     common.check_push(args)
+    run = common.start_run(args, resume)
 
     from transformers import DataCollatorForLanguageModeling, Trainer, set_seed
 
@@ -96,7 +97,7 @@ def main(argv=None) -> dict:
         compute_metrics=causal_lm_compute_metrics(tokenizer),
         preprocess_logits_for_metrics=causal_lm_token_nll,
     )
-    train_result = common.train(trainer, resume, load_state)
+    train_result = common.train(trainer, run, load_state)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss,
                    eval_documents=args.validation_documents)  # fmt: skip

@@ -109,6 +109,7 @@ def main(argv=None) -> dict:
     common.check_language_model_resume(args, resume)
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
     common.check_push(args, accelerate=True)
+    run = common.start_run(args, resume)
 
     import torch
     from accelerate import Accelerator
@@ -233,9 +234,7 @@ def main(argv=None) -> dict:
                 log_history.append(entry)
                 report(entry)
             if step % save_steps == 0 or step == args.max_steps:
-                save_checkpoint(accelerator, tokenizer, args.output_dir, step, log_history, model_config)
-                if accelerator.is_main_process:
-                    remove_old_checkpoints(args.output_dir, args.save_total_limit)
+                save_checkpoint(accelerator, tokenizer, run, step, log_history, model_config)
             if step >= args.max_steps:
                 break
 
@@ -292,23 +291,14 @@ class TiedWeightsNotice(logging.Filter):
 TIED_WEIGHTS_NOTICE = TiedWeightsNotice()  # one instance, so that each save does not add another filter
 
 
-def remove_old_checkpoints(output_dir: str, limit: int) -> None:
-    """--save-total-limit: delete the oldest `checkpoint-N` folders this recipe wrote (they hold its loop state)
-    beyond the newest `limit`."""
-    import shutil
-
-    saved = []
-    for name in os.listdir(output_dir):
-        prefix, _, number = name.partition("-")
-        folder = os.path.join(output_dir, name)
-        if prefix == "checkpoint" and number.isdigit() and os.path.isfile(os.path.join(folder, STATE_FILE)):
-            saved.append((int(number), folder))
-    for _, folder in sorted(saved)[:-limit]:
-        shutil.rmtree(folder)
-
-
-def save_checkpoint(accelerator, tokenizer, output_dir: str, step: int, log_history: list, model_config: dict) -> None:
-    folder = os.path.join(output_dir, f"checkpoint-{step}")
+def save_checkpoint(accelerator, tokenizer, run, step: int, log_history: list, model_config: dict) -> None:
+    """`checkpoint-<step>`: every process's part of the state, the tokenizer and the loop state, named in the run record
+    before any process writes it, and its files recorded with the run's id once all are written (`common.Run`), which
+    also keeps only the newest --save-total-limit of the run's checkpoints."""
+    folder = os.path.join(run.output_dir, f"checkpoint-{step}")
+    if accelerator.is_main_process:
+        run.writing(folder)
+    accelerator.wait_for_everyone()
     logging.getLogger("accelerate.utils.other").addFilter(TIED_WEIGHTS_NOTICE)
     accelerator.save_state(folder)
     if accelerator.is_main_process:
@@ -317,6 +307,8 @@ def save_checkpoint(accelerator, tokenizer, output_dir: str, step: int, log_hist
             os.path.join(folder, STATE_FILE), {"step": step, "log_history": log_history, "model_config": model_config}
         )
     accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        run.wrote(folder)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,7 @@ def main(argv=None) -> dict:
         common.check_resume_settings(args, resume, common.VIT_MODEL_FLAGS, common.saved_model_config(resume))
     datasets = common.card_datasets(args.data)  # what the card will say, settled before training
     common.check_push(args)
+    run = common.start_run(args, resume)
 
     from transformers import AutoModelForImageClassification, Trainer, set_seed
 
@@ -100,7 +101,7 @@ def main(argv=None) -> dict:
         processing_class=processor,
         compute_metrics=accuracy_compute_metrics(),
     )
-    train_result = common.train(trainer, resume, load_state)
+    train_result = common.train(trainer, run, load_state)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss)
     common.print_evaluation(metrics)

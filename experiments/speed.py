@@ -364,7 +364,7 @@ def measure(rows, batch, args, device, generation_prompt=None, memory_batch_buil
         models.append(model)
         optimizers.append(torch.optim.AdamW(model.parameters(), lr=1e-4))
     results = [{"row": row.name, "kind": row.kind, "parameters": count_parameters(m)} for row, m in zip(rows, models)]
-    print(f"  built {', '.join(row.name for row in rows)}", flush=True)
+    print(wrapped(f"  built {', '.join(row.name for row in rows)}"), flush=True)
 
     if "train" in args.parts:
         for _ in range(args.warmup):

@@ -456,7 +456,10 @@ def group_into_blocks(
     suffix = tokenizer.eos_token if separate_documents and tokenizer.eos_token else ""
 
     def tokenize(batch, rows):
-        encoded = tokenizer([text + suffix for text in batch[column]], add_special_tokens=False)
+        # Whole documents, longer than the model's context by design: they are cut into blocks below, so the
+        # tokenizer's "sequence length is longer than the specified maximum" warning does not apply (verbose=False
+        # skips that check only; the tokenizer's model_max_length is left as it is).
+        encoded = tokenizer([text + suffix for text in batch[column]], add_special_tokens=False, verbose=False)
         return {"input_ids": encoded["input_ids"], **({"document": rows} if document_ids else {})}
 
     def group(batch):

@@ -13,6 +13,7 @@ the same batches under the same schedule (the Trainer recipes shuffle and schedu
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 
@@ -82,6 +83,16 @@ class TrainingLoop:
 
 
 PROGRESS_SECONDS = 60.0
+
+
+def progress_bar_options(stream=None) -> dict:
+    """tqdm options for a training loop's bar on `stream` (tqdm's, standard error, by default): on a terminal the
+    live bar; in a file or a pipe (a log), a redraw at most every PROGRESS_SECONDS, where the default ten a second
+    would leave thousands of lines."""
+    stream = sys.stderr if stream is None else stream
+    if getattr(stream, "isatty", lambda: False)():
+        return {}
+    return {"mininterval": PROGRESS_SECONDS, "maxinterval": PROGRESS_SECONDS}
 
 
 def train(

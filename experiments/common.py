@@ -300,7 +300,7 @@ def save_figure_atomic(figure, path: str) -> None:
 def format_table(headers: list[str], rows: list[list]) -> str:
     """A GitHub-markdown table (also readable on a terminal)."""
     cells = [[str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    widths = column_widths(headers, cells)
 
     def line(values):
         return "| " + " | ".join(v.ljust(w) for v, w in zip(values, widths)) + " |"
@@ -308,6 +308,46 @@ def format_table(headers: list[str], rows: list[list]) -> str:
     out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in cells]
     return "\n".join(out)
+
+
+# The width every printed table and line of the experiments fits: a terminal, a log, a code block on GitHub.
+TEXT_WIDTH = 120
+
+
+def column_widths(headers: list[str], cells: list[list[str]]) -> list[int]:
+    return [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+
+
+def format_tables(headers: list[str], rows: list[list], width: int = TEXT_WIDTH, keys: int = 1) -> str:
+    """`format_table`, split by columns into as many tables as it takes for each to fit `width` characters (where
+    a column allows); every table repeats the first `keys` columns (what names a row)."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = column_widths(headers, cells)
+
+    def table_width(columns):  # a markdown table of columns of widths w is sum(w) + 3 * columns + 1 characters wide
+        return sum(widths[i] for i in columns) + 3 * len(columns) + 1
+
+    key_columns = list(range(min(keys, len(headers))))
+    groups, current = [], list(key_columns)
+    for index in range(len(key_columns), len(headers)):
+        if len(current) > len(key_columns) and table_width(current + [index]) > width:
+            groups.append(current)
+            current = list(key_columns)
+        current.append(index)
+    groups.append(current)
+    return "\n\n".join(
+        format_table([headers[i] for i in group], [[row[i] for i in group] for row in cells]) for group in groups
+    )
+
+
+def wrapped(text: str, width: int = TEXT_WIDTH, indent: str = "    ") -> str:
+    """Each line of `text` folded at `width` characters, continuation lines indented."""
+    import textwrap
+
+    return "\n".join(
+        textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False) if len(line) > width else line
+        for line in text.splitlines()
+    )
 
 
 def set_up_device(device_name: str | None, threads: int):
@@ -365,4 +405,32 @@ def interval_verdict(interval: tuple[float, float] | None, reference: float) -> 
         return f"resolved: above {reference:g}"
     if interval[1] < reference:
         return f"resolved: below {reference:g}"
+    return f"not resolved: the interval contains {reference:g}"
+
+
+def noise_floor(interval: tuple[float, float] | None) -> float | None:
+    """How far from 1 the interval of a ratio of two identical models reaches (a model timed against a second,
+    identical one in the same rounds): the timing noise of the machine, in ratio units; None without an interval."""
+    if interval is None:
+        return None
+    return max(abs(interval[0] - 1.0), abs(interval[1] - 1.0))
+
+
+def floor_verdict(interval: tuple[float, float] | None, reference: float, floor: float | None) -> str:
+    """The verdict on a ratio's interval, against `reference`, given the noise floor `floor` of the same rounds
+    (`noise_floor`): "resolved" only where the interval lies beyond `reference` by more than the floor, on one side.
+
+    An interval that excludes `reference` by less than the floor is load noise as far as this run can tell: two
+    identical models differed by as much. `floor` None (a run without the second identical model) leaves the plain
+    interval verdict, which says so."""
+    if interval is None:
+        return "not resolved (fewer than 2 rounds)"
+    if floor is None:
+        return f"{interval_verdict(interval, reference)} (no MHA-vs-MHA noise floor in this run)"
+    if interval[0] > reference + floor:
+        return f"resolved: above {reference:g}, beyond the MHA-vs-MHA noise floor ±{floor:.3f}"
+    if interval[1] < reference - floor:
+        return f"resolved: below {reference:g}, beyond the MHA-vs-MHA noise floor ±{floor:.3f}"
+    if interval[0] > reference or interval[1] < reference:
+        return f"not resolved: within the MHA-vs-MHA noise floor ±{floor:.3f}"
     return f"not resolved: the interval contains {reference:g}"

@@ -50,7 +50,7 @@ from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     CONFIDENCE,
     Row,
     count_parameters,
-    format_table,
+    format_tables,
     gpt2_config_kwargs,
     gpt2_rows,
     paired_statistics,
@@ -58,6 +58,7 @@ from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     set_up_device,
     vit_config_kwargs,
     vit_rows,
+    wrapped,
     write_json_atomic,
 )
 
@@ -91,8 +92,12 @@ DEFAULT_PREFIX = {"full": "quality", "quick": "quality_quick", "tiny": "quality_
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="small preset, 30 steps per row: a smoke test")
+    parser = ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="small preset, 30 steps per row: a smoke test (a task trained under 100 steps judges no "
+                        "claim of the paper)")  # fmt: skip
     parser.add_argument("--tiny", action="store_true", help="smallest preset, for the tests (seconds)")
     parser.add_argument("--synthetic", action="store_true", help="generated data instead of GCIDE / Fashion-MNIST")
     parser.add_argument("--fashion-mnist-dir", default=data_sources.FASHION_MNIST_DIR,
@@ -520,9 +525,18 @@ PAPER_CLAIMS = [
 ]
 
 
-def verdict(stats: dict, expected_sign: int) -> str:
+# A task trained for fewer steps per row is a smoke test (the --quick and --tiny presets, 30 and 4 steps): it checks
+# that the pipeline runs end to end, and its tables judge no claim of the paper.
+SMOKE_TEST_STEPS = 100
+NOT_JUDGED = "not judged: a smoke test"
+
+
+def verdict(stats: dict, expected_sign: int, smoke_test: bool = False) -> str:
     """The verdict on a claim: "confirmed" if the interval lies on the side the paper's table predicts,
-    "contradicted" if on the other side, "not shown" if it contains zero (or there are fewer than two seeds)."""
+    "contradicted" if on the other side, "not shown" if it contains zero (or there are fewer than two seeds); none
+    for a smoke test, whose tens of steps cannot speak to a claim about trained models."""
+    if smoke_test:
+        return NOT_JUDGED
     if stats.get("low") is None or stats["low"] <= 0 <= stats["high"]:
         return "not shown"
     return "confirmed" if (stats["low"] > 0) == (expected_sign > 0) else "contradicted"
@@ -568,10 +582,12 @@ def compare(task_results: dict, metrics: list[str]) -> list[dict]:
             if (differences := paired_differences(task_results, row, reference, metric))]  # fmt: skip
 
 
-def paper_verdicts(comparisons_per_task: dict) -> list[dict]:
-    """Each claim of the paper's table, per DAMCHA row that ran, judged on its paired interval."""
+def paper_verdicts(comparisons_per_task: dict, smoke_tests=()) -> list[dict]:
+    """Each claim of the paper's table, per DAMCHA row that ran, judged on its paired interval (not for the tasks of
+    `smoke_tests`)."""
     return [{"task": task, "claim": claim, "row": c["row"], "reference": reference, "metric": metric,
-             "verdict": verdict(c, sign), **{k: c[k] for k in ("n", "mean", "se", "low", "high", "agree_in_sign")}}
+             "verdict": verdict(c, sign, task in smoke_tests),
+             **{k: c[k] for k in ("n", "mean", "se", "low", "high", "agree_in_sign")}}
             for task, metric, row, reference, sign, claim in PAPER_CLAIMS for c in comparisons_per_task.get(task, [])
             if c["metric"] == metric and c["reference"] == reference
             and (c["row"] == row or (row == "DAMCHA" and c["row"].startswith("DAMCHA ")))]  # fmt: skip
@@ -625,12 +641,22 @@ def gap_over_training(task_results: dict, unit: float, points: int = 4) -> list[
     return gaps
 
 
-def analyse(results: dict) -> dict:
-    """summary (per task and row), comparisons (per task), the verdicts on the paper's claims and the training gaps."""
+def smoke_tests(run_args: dict) -> set[str]:
+    """The tasks a run trained for fewer than SMOKE_TEST_STEPS steps per row (pretraining and continuation together
+    for --upcycle)."""
+    upcycle = run_args.get("upcycle") and run_args.get("pretrain_steps") and run_args.get("continue_steps")
+    steps = {task: run_args["pretrain_steps"] + run_args["continue_steps"] if upcycle else run_args.get(f"{task}_steps")
+             for task in run_args.get("tasks", ())}  # fmt: skip
+    return {task for task, count in steps.items() if count is not None and count < SMOKE_TEST_STEPS}
+
+
+def analyse(results: dict, smoke_tests=()) -> dict:
+    """summary (per task and row), comparisons (per task), the verdicts on the paper's claims (none for the tasks of
+    `smoke_tests`) and the training gaps."""
     comparisons = {task: compare(rows, [m for m in TASK_METRICS[task] if not m.startswith(ABLATION_MASKS)])
                    for task, rows in results.items()}  # fmt: skip
     return {"summary": {task: summarise(rows, TASK_METRICS[task]) for task, rows in results.items()},
-            "comparisons": comparisons, "paper_verdicts": paper_verdicts(comparisons),
+            "comparisons": comparisons, "paper_verdicts": paper_verdicts(comparisons, smoke_tests),
             "training_gaps": {task: gap_over_training(rows, math.log(2) if task == "lm" else 1.0)
                               for task, rows in results.items()}}  # fmt: skip
 
@@ -673,8 +699,9 @@ def tables(report: dict) -> str:
         if upcycle:
             title = f"Upcycled {title.replace('Byte', 'byte')} (after continuing)"
         out.append(
-            f"### {title} ({unit}, mean ± std over seeds {seeds})\n\n"
-            + format_table(["row", "params", "ms/step", *headers], rows)
+            wrapped(f"### {title} ({unit}, mean ± std over seeds {seeds})")
+            + "\n\n"
+            + format_tables(["row", "params", "ms/step", *headers], rows)
         )
     comparisons = [[task, f"{c['row']} − {c['reference']}", METRIC_FORMAT[c["metric"]][0],
                     fmt_paired(c, *METRIC_FORMAT[c["metric"]][1:]),
@@ -682,34 +709,42 @@ def tables(report: dict) -> str:
                    for task, items in report.get("comparisons", {}).items() for c in items]  # fmt: skip
     if comparisons:
         out.append(
-            f"### Paired differences (mean ± standard error over seeds [two-sided {100 * CONFIDENCE:.0f}% "
-            "Student-t interval, n-1 df] (seeds agreeing in sign / seeds); step time: row's seconds per step "
-            "over the reference's, same seed)\n\n"
-            + format_table(["task", "difference", "metric", "paired difference", "step time"], comparisons)
-        )
+            wrapped(f"### Paired differences (mean ± standard error over seeds [two-sided {100 * CONFIDENCE:.0f}% "
+                    "Student-t interval, n-1 df] (seeds agreeing in sign / seeds); step time: row's seconds per step "
+                    "over the reference's, same seed)")
+            + "\n\n"
+            + format_tables(["task", "difference", "metric", "paired difference", "step time"], comparisons, keys=2)
+        )  # fmt: skip
     gaps = {}
     for task, items in report.get("training_gaps", {}).items():
         for gap in items:
             gaps.setdefault((task, gap["row"], gap["reference"]), {})[gap["step"]] = gap
     if gaps:
         steps = sorted({step for by_step in gaps.values() for step in by_step})
-        out.append("### Paired training-loss gap over training (row − reference, same batches; LM in bits per byte, "
-                   "ViT in nats; mean ± SE [95% t] (agree/n) over the logging window ending at each step)\n\n"
-                   + format_table(["task", "difference"] + [f"step {s}" for s in steps],
-                                  [[task, f"{row} − {ref}"] + [fmt_paired(by_step.get(s)) for s in steps]
-                                   for (task, row, ref), by_step in gaps.items()]))  # fmt: skip
-    verdicts = [[v["claim"], f"{v['row']} − {v['reference']}", fmt_paired(v, *METRIC_FORMAT[v["metric"]][1:]),
-                 v["verdict"]] for v in report.get("paper_verdicts", [])]  # fmt: skip
+        out.append(wrapped("### Paired training-loss gap over training (row − reference, same batches; LM in bits per "
+                           "byte, ViT in nats; mean ± SE [95% t] (agree/n) over the logging window ending at each "
+                           "step)") + "\n\n"
+                   + format_tables(["task", "difference"] + [f"step {s}" for s in steps],
+                                   [[task, f"{row} − {ref}"] + [fmt_paired(by_step.get(s)) for s in steps]
+                                    for (task, row, ref), by_step in gaps.items()], keys=2))  # fmt: skip
+    verdicts = [[f"{v['task']}: {v['row']} − {v['reference']}", fmt_paired(v, *METRIC_FORMAT[v["metric"]][1:]),
+                 v["verdict"], v["claim"]] for v in report.get("paper_verdicts", [])]  # fmt: skip
     if verdicts and not upcycle:
-        out.append("### Against the paper's table (a claim only where the interval excludes zero)\n\n"
-                   + format_table(["paper", "here", "paired difference [95% t interval] (agree/n)", "verdict"],
-                                  verdicts))  # fmt: skip
+        smoke = (
+            f" (a task trained under {SMOKE_TEST_STEPS} steps is a smoke test: it judges none)"
+            if any(v["verdict"] == NOT_JUDGED for v in report.get("paper_verdicts", []))
+            else ""
+        )
+        out.append(wrapped(f"### Against the paper's table (a claim only where the interval excludes zero){smoke}")
+                   + "\n\n"
+                   + format_tables(["here", "paired difference [95% t interval] (agree/n)", "verdict", "paper"],
+                                   verdicts))  # fmt: skip
     shares = [[f"{task} {name}", ", ".join(f"{v:.3f}" for v in entry["offdiagonal_share_per_layer"])]
               for task, summary in report["summary"].items() for name, entry in summary.items()
               if "offdiagonal_share_per_layer" in entry]  # fmt: skip
     if shares:
         out.append("### Off-diagonal share of the mean C (||offdiag|| / ||C||, per layer, mean over seeds)\n\n"
-                   + format_table(["model", "per layer"], shares))  # fmt: skip
+                   + format_tables(["model", "per layer"], shares))  # fmt: skip
     return "\n\n".join(out)
 
 
@@ -794,7 +829,8 @@ def write_report(report: dict, out_dir: str, prefix: str, overwrite: bool, plots
     json_path = os.path.join(out_dir, f"{prefix}.json")
     refuse_to_overwrite(json_path, overwrite)
     write_json_atomic(json_path, report)
-    print("wrote " + ", ".join([json_path] + (plot(report, out_dir, prefix) if plots and "results" in report else [])))
+    print("wrote:\n" + "\n".join(f"  {path}" for path in [json_path] + (plot(report, out_dir, prefix)
+                                                                     if plots and "results" in report else [])))  # fmt: skip
     return report
 
 
@@ -819,7 +855,7 @@ def merge(paths: list[str], out_dir: str, prefix: str, overwrite: bool = False, 
     report = {"machine": reports[0]["machine"], "torch": reports[0]["torch"],
               "args": {**reports[0]["args"], "seeds": all_seeds, "prefix": prefix, "merged_from": paths},
               "data": reports[0]["data"], "wall_seconds": sum(r["wall_seconds"] for r in reports),
-              **analyse(results), "results": results}  # fmt: skip
+              **analyse(results, smoke_tests(reports[0]["args"])), "results": results}  # fmt: skip
     report["tables"] = tables(report)
     print(report["tables"])
     return write_report(report, out_dir, prefix, overwrite, plots)
@@ -891,8 +927,12 @@ def length_tables(comparison: dict) -> str:
                 + [fmt_paired(length["vs_mha"][row], scale, digits) for row in others]
                 for length in entry["by_length"]]  # fmt: skip
         out.append(
-            f"### {task}: {label} by training length (paired over seeds {entry['by_length'][0]['seeds']}: mean "
-            f"± SE [95% t] (agree/n))\n\n" + format_table(headers + [f"{r} − MHA" for r in others], rows)
+            wrapped(
+                f"### {task}: {label} by training length (paired over seeds {entry['by_length'][0]['seeds']}: "
+                "mean ± SE [95% t] (agree/n))"
+            )
+            + "\n\n"
+            + format_tables(headers + [f"{r} − MHA" for r in others], rows)
         )
     return "\n\n".join(out)
 
@@ -908,9 +948,11 @@ def main(argv=None):
     args = parse_args(argv)
     if args.replot:
         report = read_reports([args.replot])[0]
-        report.update(analyse(report["results"]))  # recomputed, so older reports get the current statistics
+        # recomputed, so older reports get the current statistics
+        report.update(analyse(report["results"], smoke_tests(report["args"])))
         print(tables(report))
-        print("wrote " + ", ".join(plot(report, args.out_dir, os.path.splitext(os.path.basename(args.replot))[0])))
+        figures = plot(report, args.out_dir, os.path.splitext(os.path.basename(args.replot))[0])
+        print("wrote:\n" + "\n".join(f"  {path}" for path in figures))
         return report
     if args.merge:
         return merge(args.merge, args.out_dir, args.prefix, args.overwrite, plots=not args.no_plots)
@@ -922,7 +964,7 @@ def main(argv=None):
 
     device, machine = set_up_device(args.device, args.threads)
     args.device = str(device)
-    print(f"quality.py ({args.preset} preset) on {machine}; args: {vars(args)}", flush=True)
+    print(wrapped(f"quality.py ({args.preset} preset) on {machine}; args: {vars(args)}"), flush=True)
     started, results = time.time(), {}
 
     def report_of(finished: bool) -> dict:
@@ -933,7 +975,7 @@ def main(argv=None):
             "data": "synthetic" if args.synthetic else {"lm": data_sources.gcide_path(), "vit": args.fashion_mnist_dir},
             "finished": finished,
             "wall_seconds": time.time() - started,
-            **analyse(results),
+            **analyse(results, smoke_tests(vars(args))),
             "results": results,
         }
 

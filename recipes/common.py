@@ -434,6 +434,12 @@ def evaluation_schedule(args: argparse.Namespace) -> tuple[int | None, int]:
     return eval_steps, args.save_steps or eval_steps or args.max_steps
 
 
+def live_progress_bar() -> bool:
+    """Whether a training loop shows tqdm's live bar: on a terminal only. Written to a log, a bar redraws ten times a
+    second and again after every line printed under it; the logs of every --logging-steps steps stand in for it."""
+    return sys.stderr.isatty()
+
+
 def training_arguments(args: argparse.Namespace, *, seq2seq: bool = False, **overrides):
     """`TrainingArguments` from the shared options (`Seq2SeqTrainingArguments` for `seq2seq`)."""
     import torch
@@ -453,6 +459,7 @@ def training_arguments(args: argparse.Namespace, *, seq2seq: bool = False, **ove
         "warmup_steps": args.warmup_steps if args.warmup_steps is not None else max(1, args.max_steps // 20),
         "lr_scheduler_type": "cosine",
         "logging_steps": args.logging_steps,
+        "disable_tqdm": not live_progress_bar(),
         "eval_strategy": "steps" if eval_steps else "no",  # the recipes evaluate once more after training
         "eval_steps": eval_steps,
         "save_strategy": "steps",

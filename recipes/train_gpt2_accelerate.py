@@ -190,7 +190,8 @@ def main(argv=None) -> dict:
     eval_steps, save_steps = common.evaluation_schedule(args)  # a quick run evaluates and saves at the end only
     from tqdm.auto import tqdm
 
-    progress = tqdm(total=args.max_steps, initial=step, desc="training", disable=not accelerator.is_local_main_process)
+    shown = accelerator.is_local_main_process and common.live_progress_bar()
+    progress = tqdm(total=args.max_steps, initial=step, desc="training", disable=not shown)
 
     def report(entry: dict) -> None:
         accelerator.log({key: value for key, value in entry.items() if key != "step"}, step=entry["step"])
@@ -227,7 +228,7 @@ def main(argv=None) -> dict:
                 }
                 log_history.append(entry)
                 report(entry)
-                progress.set_postfix(loss=f"{entry['loss']:.3f}")
+                progress.set_postfix(loss=f"{entry['loss']:.3f}", refresh=False)
                 running_loss, running_count = 0.0, 0
             if (eval_steps and step % eval_steps == 0) or step == args.max_steps:
                 entry = {"step": step, **evaluate(model, eval_loader, accelerator, byte_lengths)}

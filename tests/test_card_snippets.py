@@ -2,6 +2,7 @@
 to run the custom code? [y/N]" prompt would fail the run), offline, with the checkpoint folder in place of the Hub id;
 the "without the plugin" snippets in a fresh interpreter where `damcha_hf` cannot be imported."""
 
+import contextlib
 import inspect
 import json
 import os
@@ -96,13 +97,15 @@ def run_quietly(code: str, work_dir: Path) -> str:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> list[Path]:
-    """A DAMCHA GPT-2 with its tokenizer and a DAMCHA ViT with its image processor, saved with their cards."""
+    """A DAMCHA GPT-2 with its tokenizer, its card naming the local folder it was saved in (`./gpt2`, from the
+    fixture's root), and a DAMCHA ViT with its image processor, its card naming the placeholder Hub id."""
     from transformers import ViTImageProcessor
 
     root = tmp_path_factory.mktemp("cards")
     tokenizer = byte_level_tokenizer()
     language_model = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(vocab_size=len(tokenizer)))
-    hub.save_hub_checkpoint(language_model, root / "gpt2", tokenizer_or_processor=tokenizer)
+    with contextlib.chdir(root):
+        hub.save_hub_checkpoint(language_model, "./gpt2", tokenizer_or_processor=tokenizer, local_folder="./gpt2")
     vision_model = damcha_hf.DamchaViTForImageClassification(tiny_damcha_vit_config())
     processor = ViTImageProcessor(size={"height": 16, "width": 16})
     hub.save_hub_checkpoint(vision_model, root / "vit", tokenizer_or_processor=processor, heatmap_inputs=None)
@@ -110,21 +113,69 @@ def checkpoints(tmp_path_factory) -> list[Path]:
 
 
 def test_every_card_snippet_runs_non_interactively_as_written(checkpoints, tmp_path):
+    gpt2_card = (checkpoints[0] / "README.md").read_text()
+    assert hub.REPO_PLACEHOLDER not in gpt2_card and 'from_pretrained("./gpt2", trust_remote_code=True)' in gpt2_card
     with_plugin, without_plugin = [], []
     for folder in checkpoints:
         for snippet in card_snippets(folder):
             (with_plugin if "import damcha_hf" in snippet else without_plugin).append(snippet)
     assert len(with_plugin) == len(without_plugin) == len(checkpoints)
 
-    printed = run_snippets(without_plugin, tmp_path / "without", plugin=False)
+    # From the folder the GPT-2 was saved from, where its card's `./gpt2` points.
+    root = checkpoints[0].parent
+    printed = run_snippets(without_plugin, tmp_path / "without", plugin=False, cwd=root)
     # The model class came from the checkpoint's own code, and the tokenizer / image processor loaded too.
     assert printed.count(" OK ") == len(without_plugin)
     assert "DamchaGPT2LMHeadModel" in printed and "DamchaViTForImageClassification" in printed
     assert "TokenizersBackend" in printed or "Tokenizer" in printed
     assert "ImageProcessor" in printed
 
-    printed = run_snippets(with_plugin, tmp_path / "with", plugin=True)
+    printed = run_snippets(with_plugin, tmp_path / "with", plugin=True, cwd=root)
     assert printed.count(" OK ") == len(with_plugin) and "DamchaGPT2LMHeadModel" in printed
+
+
+def printed_block(printed: str, after: str, before: str) -> str:
+    """The indented code the demo printed between the text `after` and the text `before`, dedented."""
+    return textwrap.dedent(printed.split(after, 1)[1].split(before, 1)[0]).strip("\n") + "\n"
+
+
+def test_the_demo_says_how_to_load_its_checkpoint_and_its_card_names_the_folder_until_pushed(
+    tmp_path, monkeypatch, capsys
+):
+    """A tiny `damcha-hf demo` run from a user's folder: the lines it prints to load the checkpoint, with the plugin and
+    without it, and its card's snippets, which name `./damcha-demo` (not a placeholder id), all run as written from
+    that folder; a push writes the repository id in the folder's place and drops the sentence about it."""
+    from damcha_hf.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    Path("corpus.txt").write_text("".join(f"def function_{i}(x):\n    return x * {i}\n\n" for i in range(200)))
+    assert main(["demo", "--data", "corpus.txt", "--max-steps", "4", "--time-budget", "0", "--n-layer", "1",
+                 "--n-embd", "32", "--n-head", "4", "--block-size", "32", "--batch-size", "8", "--metric-hidden-size",
+                 "8", "--eval-blocks", "8", "--sample-tokens", "4", "--no-progress", "--num-threads", "1"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "saved the DAMCHA model to ./damcha-demo" in printed
+    with_plugin = printed_block(printed, "load it with the plugin:", "\n\nor without it")
+    without_plugin = printed_block(printed, "subfolder without remote code):", "\n\n(the model card")
+    assert with_plugin.startswith("import damcha_hf") and 'AutoModelForCausalLM.from_pretrained("./damcha-demo")' in (
+        with_plugin
+    )
+    assert 'from_pretrained("./damcha-demo", trust_remote_code=True)' in without_plugin
+    assert 'AutoTokenizer.from_pretrained("./damcha-demo", subfolder="tokenizer")' in without_plugin
+
+    card = Path("damcha-demo/README.md").read_text()
+    assert hub.REPO_PLACEHOLDER not in card and "your-name" not in card
+    blocks = PYTHON_BLOCK.findall(card)
+    assert blocks == [with_plugin, without_plugin]  # the card's snippets are the printed ones
+    printed = run_snippets([without_plugin], tmp_path / "without", plugin=False, cwd=tmp_path)
+    assert "DamchaGPT2LMHeadModel" in printed and "Tokenizer" in printed
+    printed = run_snippets([with_plugin], tmp_path / "with", plugin=True, cwd=tmp_path)
+    assert "DamchaGPT2LMHeadModel" in printed
+
+    pushed = hub.model_card.card_for_repository(card, "someone/damcha-demo")
+    assert "./damcha-demo" not in pushed and "local folder" not in pushed and "These snippets load" not in pushed
+    assert PYTHON_BLOCK.findall(pushed) == [
+        block.replace('"./damcha-demo"', '"someone/damcha-demo"') for block in blocks
+    ]
 
 
 TOKENIZER_SAMPLES = ["def f(x):\n    return x  # naïve café, 日本", "<|endoftext|>two documents<|endoftext|>", " a"]
@@ -248,7 +299,7 @@ def test_auto_tokenizer_and_image_processor_load_quietly_without_the_plugin(prep
         folder = preprocessed_checkpoints[name][0]
         without_plugin = [snippet for snippet in card_snippets(folder) if "import damcha_hf" not in snippet]
         assert len(without_plugin) == 1
-        loading = without_plugin[0].split("preprocessor =", 1)[1]
+        loading = without_plugin[0].split("processor =" if name == "vit" else "tokenizer =", 1)[1]
         assert "trust_remote_code" not in loading
         if name == "vit":
             assert loading.startswith(f' AutoImageProcessor.from_pretrained("{folder}")')

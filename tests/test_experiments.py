@@ -141,17 +141,22 @@ def test_speed_tiny_prints_ratio_tables(tmp_path, capsys):
     speed.main(["--tiny", "--no-variants", "--threads", "1", "--json", str(path)])
     printed = capsys.readouterr().out
     assert "step ratio" in printed and "gen ratio" in printed and "95% bootstrap intervals" in printed
+    assert max(map(len, printed.splitlines())) <= common.TEXT_WIDTH
     report = json.loads(path.read_text())
     gpt2 = report["shapes"][0]["results"]
     assert [r["row"] for r in gpt2] == ["MHA", "MHA (repeat)", "DAMCHA token", "DAMCHA query"]
     for ratio in ("step_ratio", "step_min_ratio", "memory_ratio", "generate_ratio", "generate_min_ratio"):
         assert gpt2[0][ratio] == 1.0, ratio
     # the noise-floor row is the same model again: identical bytes; every timing ratio has an interval and a verdict
+    # judged against the floor that row gives
     assert gpt2[1]["activation_bytes"] == gpt2[0]["activation_bytes"]
+    floor = common.noise_floor(gpt2[1]["step_ratio_interval"])
+    assert gpt2[1]["step_ratio_noise_floor"] == floor and gpt2[1]["step_ratio_verdict"].endswith(f"±{floor:.3f}")
     for result in gpt2[1:]:
         low, high = result["step_ratio_interval"]
         assert min(result["step_s"]) / max(gpt2[0]["step_s"]) <= low <= high
-        assert result["step_ratio_verdict"] == common.interval_verdict((low, high), 1.0)
+    for result in gpt2[2:]:
+        assert result["step_ratio_verdict"] == common.floor_verdict(result["step_ratio_interval"], 1.0, floor)
     # activations are also counted at dropout 0.1 (GPT2Config's default), where the dropout masks add bytes
     assert gpt2[1]["activation_ratio_dropout_0.1"] == 1.0
     assert gpt2[2]["activation_bytes_dropout_0.1"] > gpt2[2]["activation_bytes"]
@@ -199,8 +204,13 @@ def test_quality_tiny_writes_results_and_figures(tmp_path, capsys):
         assert comparison["mean"] == pytest.approx(sum(expected) / 2)
     lm_claims = [v for v in report["paper_verdicts"] if v["task"] == "lm"]
     assert {v["row"] for v in lm_claims} == {"DAMCHA token", "DAMCHA query"}
-    assert all(v["verdict"] in ("confirmed", "not shown", "contradicted") for v in report["paper_verdicts"])
+    # a smoke-test preset judges no claim of the paper; the same records under the full preset's name are judged
+    assert all(v["verdict"] == quality.NOT_JUDGED for v in report["paper_verdicts"])
+    judged = quality.analyse(report["results"])["paper_verdicts"]
+    assert [v["claim"] for v in judged] == [v["claim"] for v in report["paper_verdicts"]]
+    assert all(v["verdict"] in ("confirmed", "not shown", "contradicted") for v in judged)
     assert "Against the paper" in printed and "Paired differences" in printed
+    assert max(map(len, printed.splitlines())) <= common.TEXT_WIDTH
     for name, entry in lm.items():
         assert len(entry["test_bpb"]["per_seed"]) == 2
         assert all(0 < v < 9 and math.isfinite(v) for v in entry["test_bpb"]["per_seed"])
@@ -393,11 +403,13 @@ def test_alternate_rotates_and_paired_ratio_cancels_drift():
     ]
     speed.summarise(results)
     assert results[2]["step_ratio"] == pytest.approx(1.1)
-    # every round's ratio is 1.1 (resp. 1.005): the bootstrap interval is that point, which excludes 1.0
+    # every round's ratio is 1.1 (resp. 1.005): the bootstrap interval is that point, which lies beyond 1.0 by more
+    # than the noise floor of the second MHA (±0.005)
     assert results[2]["step_ratio_interval"] == pytest.approx((1.1, 1.1))
-    assert results[2]["step_ratio_verdict"] == "resolved: above 1"
-    assert results[1]["step_ratio_verdict"] == "resolved: above 1"
-    speed.summarise(results, target=1.1 + 1e-9)
+    assert results[1]["step_ratio_noise_floor"] == pytest.approx(0.005)
+    assert results[1]["step_ratio_verdict"] == "the MHA-vs-MHA noise floor: ±0.005"
+    assert results[2]["step_ratio_verdict"] == "resolved: above 1, beyond the MHA-vs-MHA noise floor ±0.005"
+    speed.summarise(results, target=1.1 + 0.006)
     assert results[2]["step_ratio_verdict"].startswith("resolved: below")
 
 
@@ -725,6 +737,63 @@ def test_bootstrap_interval_of_the_median_of_three_rounds_is_exact():
     assert common.interval_verdict(None, 1.0).startswith("not resolved")
 
 
+def test_speed_verdicts_are_judged_against_the_mha_vs_mha_noise_floor():
+    """Synthetic per-round timings (no clock): three rounds, so each bootstrap interval of a median is (min, max) of
+    the per-round ratios (see the test above), and the floor is how far the second MHA's interval reaches from 1."""
+    mha = [2.0, 2.0, 1.0]  # MHA's turn was slowed by other work in the first two rounds
+    results = [
+        {"row": "MHA", "parameters": 10, "step_s": mha},
+        {"row": "MHA (repeat)", "parameters": 10, "step_s": [1.0, 1.0, 1.0]},  # ratios 0.5, 0.5, 1.0
+        # The user's case: a "0.517" made of MHA's slow rounds, its interval (0.515, 0.98) excluding 1.
+        {"row": "DAMCHA token", "parameters": 11, "step_s": [1.03, 1.04, 0.98]},
+        {"row": "DAMCHA query", "parameters": 11, "step_s": [0.4, 0.3, 0.2]},  # ratios 0.2, 0.15, 0.2: a real speed-up
+        {"row": "variant none", "parameters": 10, "step_s": [2.1, 1.9, 1.05]},  # ratios 1.05, 0.95, 1.05
+    ]
+    speed.summarise(results)
+    repeat, token, query, none = results[1:]
+    assert repeat["step_ratio_interval"] == pytest.approx((0.5, 1.0)) and repeat["step_ratio_noise_floor"] == 0.5
+    assert token["step_ratio"] == pytest.approx(0.52) and token["step_ratio_interval"] == pytest.approx((0.515, 0.98))
+    assert common.interval_verdict(token["step_ratio_interval"], 1.0) == "resolved: below 1"  # without the floor
+    assert token["step_ratio_verdict"] == "not resolved: within the MHA-vs-MHA noise floor ±0.500"
+    assert query["step_ratio_verdict"] == "resolved: below 1, beyond the MHA-vs-MHA noise floor ±0.500"
+    assert none["step_ratio_verdict"] == "not resolved: the interval contains 1"
+    # the same rules, one by one, around a floor of ±0.1 (oracle: the interval against 1 - 0.1 and 1 + 0.1)
+    assert common.floor_verdict((1.11, 1.3), 1.0, 0.1).startswith("resolved: above 1, beyond")
+    assert common.floor_verdict((1.09, 1.3), 1.0, 0.1) == "not resolved: within the MHA-vs-MHA noise floor ±0.100"
+    assert common.floor_verdict((0.8, 0.89), 1.0, 0.1).startswith("resolved: below 1, beyond")
+    assert common.floor_verdict((0.8, 1.2), 1.0, 0.1) == "not resolved: the interval contains 1"
+    assert common.floor_verdict(None, 1.0, 0.1).startswith("not resolved")
+    assert common.noise_floor((1.01, 1.03)) == pytest.approx(0.03)  # an interval off 1 on one side still counts
+    assert common.noise_floor((0.96, 1.02)) == pytest.approx(0.04) and common.noise_floor(None) is None
+    # the printed table fits the width, each verdict line too, and says what judged it
+    text = speed.print_table("synthetic", results)
+    assert max(map(len, text.splitlines())) <= common.TEXT_WIDTH
+    assert (
+        "DAMCHA token: step_ratio 0.520 [0.515, 0.980]: not resolved: within the MHA-vs-MHA noise floor ±0.500" in text
+    )
+
+
+def test_wide_tables_are_split_by_columns_to_fit_the_width():
+    headers = ["row", "name"] + [f"a long column heading {index}" for index in range(9)]
+    rows = [[f"row {r}", f"name {r}"] + [f"{r}.{c}" for c in range(9)] for r in range(3)]
+    text = common.format_tables(headers, rows, width=80, keys=2)
+    assert max(map(len, text.splitlines())) <= 80
+    tables = [[line.split("|")[1:-1] for line in table.splitlines()] for table in text.split("\n\n")]
+    assert len(tables) > 1
+    # every table starts with the two key columns; the other columns appear once each, in order, with their cells
+    seen = []
+    for table in tables:
+        assert [cell.strip() for cell in table[0][:2]] == ["row", "name"]
+        for line, row in zip(table[2:], rows, strict=True):
+            assert [cell.strip() for cell in line[:2]] == row[:2]
+        seen += [(cell.strip(), [line[index].strip() for line in table[2:]]) for index, cell in enumerate(table[0])
+                 if index >= 2]  # fmt: skip
+    assert seen == [(headers[c], [row[c] for row in rows]) for c in range(2, len(headers))]
+    assert common.format_tables(headers[:3], [row[:3] for row in rows]) == common.format_table(
+        headers[:3], [row[:3] for row in rows]
+    )
+
+
 def test_speed_summarize_recomputes_verdicts_from_a_json(tmp_path, capsys):
     """--summarize reads the per-round times of a saved run: per round DAMCHA's step takes 1.02-1.10x MHA's (resolved
     above 1), its decoding runs at 0.98-1.03x MHA's tokens/s (not resolved)."""
@@ -737,13 +806,14 @@ def test_speed_summarize_recomputes_verdicts_from_a_json(tmp_path, capsys):
     report = speed.main(["--summarize", str(path)])
     damcha = report["shapes"][0]["results"][1]
     assert damcha["step_ratio"] == pytest.approx(1.05) and damcha["step_ratio_interval"] == pytest.approx((1.02, 1.10))
-    assert damcha["step_ratio_verdict"] == "resolved: above 1"
+    # a run saved without the second MHA model has no noise floor: the plain interval verdict, which says so
+    assert damcha["step_ratio_verdict"] == "resolved: above 1 (no MHA-vs-MHA noise floor in this run)"
     assert damcha["decode_ratio"] == pytest.approx(1.01)
     assert damcha["decode_ratio_interval"] == pytest.approx((0.98, 1.03))
     assert damcha["decode_ratio_verdict"].startswith("not resolved")
     assert "DAMCHA token: step_ratio 1.050 [1.020, 1.100]: resolved: above 1" in capsys.readouterr().out
     target = speed.main(["--summarize", str(path), "--target", "1.2"])["shapes"][0]["results"][1]
-    assert target["step_ratio_verdict"] == "resolved: below 1.2"
+    assert target["step_ratio_verdict"].startswith("resolved: below 1.2")
 
 
 @pytest.mark.parametrize("script", ["quality", "speed", "decode_layer", "construction", "diffusion"])

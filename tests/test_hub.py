@@ -138,8 +138,9 @@ def test_card_metadata_sections_and_results_follow_the_log_history(tmp_path):
     text = loaded.text
     positions = [text.index(section) for section in SECTIONS]
     assert positions == sorted(positions)
-    assert "| 10 | 0.5 | 4.5 | 4.25 |  |" in text  # step, epoch, training loss, validation loss, accuracy
-    assert "| 20 | 1 | 3.875 | 3.75 | 0.3125 |" in text
+    # step, epoch, training loss, validation loss, accuracy (not measured at step 10)
+    assert "| 10 | 0.50 | 4.5000 | 4.2500 | – |" in text
+    assert "| 20 | 1.00 | 3.8750 | 3.7500 | 0.3125 |" in text
     assert "runtime" not in text.split("## Evaluation results")[1].split("##")[0]
     assert "- steps: 20" in text and "- mean training loss: 4.1875" in text and "- peak learning rate: 0.0005" in text
     assert "![Training and validation loss](loss_curve.png)" in text
@@ -151,6 +152,80 @@ def test_card_metadata_sections_and_results_follow_the_log_history(tmp_path):
     # The citation names the paper and says that its authors are not recorded, rather than inventing them.
     citation = text.split("## Citation")[1]
     assert hub.PAPER_TITLE in citation and "author =" not in citation and "not recorded" in citation
+
+
+def table_of(text: str, heading: str) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the first markdown table after `heading`."""
+    after = text.split(heading, 1)[1]
+    table = after[after.index("\n|") + 1 :].split("\n\n", 1)[0].splitlines()
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
+    return cells[0], cells[2:]
+
+
+def test_card_training_table_merges_partial_entries_and_formats_every_number_alike():
+    """A log history as the demo and a Trainer write it, with what made odd rows: no epochs, a step with several
+    partial evaluation entries (a periodic evaluation, then `evaluate()` after training, then a metric logged on its
+    own), an evaluation before the first logged training loss, and a loss that rounds to 2 at four figures."""
+    history = [
+        {"step": 5, "eval_loss": 2.5, "eval_runtime": 0.1},  # before any training loss was logged
+        {"step": 10, "loss": 2.25, "learning_rate": 1e-3},
+        {"step": 10, "eval_loss": 2.125, "eval_bits_per_byte": 3.065, "eval_runtime": 0.2},
+        {"step": 1000, "loss": 1.99996, "learning_rate": 1e-4},
+        {"step": 1000, "eval_loss": 1.7, "eval_runtime": 0.2},  # the periodic evaluation at the last step
+        {"step": 1000, "eval_loss": 1.75, "eval_bits_per_byte": 2.5247, "eval_runtime": 0.3},  # evaluate()
+        {"step": 1000, "eval_accuracy": 0.5},  # a metric of the same evaluation, logged on its own
+    ]
+    log = hub.parse_log_history(history)
+    assert [entry["step"] for entry in log.eval_entries] == [5, 10, 1000]  # one entry per step, in order
+    assert log.final_eval == {"loss": 1.75, "bits_per_byte": 2.5247, "accuracy": 0.5}  # later values win
+
+    text = hub.build_model_card(tiny_lm(), log_history=history).text
+    header, rows = table_of(text, "### Training results")
+    # no epoch was logged: no epoch column; every loss and metric with four decimals, steps as counts
+    assert header == ["step", "training loss", "validation loss", "validation bits_per_byte", "validation accuracy"]
+    assert rows == [
+        ["5", "–", "2.5000", "–", "–"],
+        ["10", "2.2500", "2.1250", "3.0650", "–"],
+        ["1,000", "2.0000", "1.7500", "2.5247", "0.5000"],
+    ]
+    assert all(cell for row in rows for cell in row)  # no empty cell
+    assert "- final logged training loss: 2.0000" in text
+    # the legend says what each kind of column is: training batches against held-out evaluation
+    assert "Training loss: the loss on training batches" in text and "validation: held-out evaluation at" in text
+    # the evaluation section shows the same figures as the table's last row, and says nothing differs
+    _, evaluation = table_of(text, "## Evaluation results")
+    assert ["loss", "1.7500"] in evaluation and ["bits_per_byte", "2.5247"] in evaluation
+    assert "differ from the last row" not in text
+
+
+def test_card_says_why_given_results_differ_from_the_logs_last_evaluation():
+    history = [{"step": 1000, "loss": 2.0, "learning_rate": 1e-4},
+               {"step": 1000, "eval_loss": 1.7123, "eval_bits_per_byte": 2.4703}]  # fmt: skip
+    why = "on the first 256 of the 1,024 validation blocks; the evaluation results below use all 1,024"
+    text = hub.build_model_card(
+        tiny_lm(), log_history=history, eval_results={"bits_per_byte": 2.4164, "loss_nats_per_byte": 1.6749},
+        log_evaluation=why,
+    ).text  # fmt: skip
+    assert f"validation: held-out evaluation at that step, {why}." in text
+    assert (
+        "bits_per_byte differs from the last row of the training results (step 1,000): that row is an evaluation "
+        f"during training, {why}." in text
+    )
+    # given results that match the log say nothing more; without a reason given, the card still says they differ
+    same = hub.build_model_card(tiny_lm(), log_history=history, eval_results={"bits_per_byte": 2.47030001}).text
+    assert "differ" not in same.split("## Evaluation results")[1].split("##")[0]
+    other = hub.build_model_card(tiny_lm(), log_history=history, eval_results={"bits_per_byte": 2.4164}).text
+    assert "bits_per_byte differs from the last row of the training results (step 1,000)" in other
+
+
+def test_card_names_the_tested_transformers_releases_from_the_one_list():
+    from damcha_hf.modeling.damcha_config import TESTED_TRANSFORMERS
+
+    text = hub.build_model_card(tiny_lm()).text
+    limitations = text.split("## Limitations")[1].split("##")[0]
+    tested = re.search(r"tested with the releases damcha-hf\s+supports \(transformers ([^)]*)\)", limitations)
+    assert tested, limitations
+    assert re.split(r", | and ", tested.group(1)) == list(TESTED_TRANSFORMERS)
 
 
 def test_card_pipeline_tags_given_results_and_absent_log():
@@ -378,6 +453,31 @@ def test_push_uploads_only_the_hub_files_and_the_result_loads_with_remote_code(t
     assert report["damcha_hf_importable"] is False
     assert report["classes"]["AutoModelForCausalLM"][0].startswith("transformers_modules.")
     assert torch.equal(report["logits"], expected)
+
+
+def test_a_card_naming_its_local_folder_is_pushed_naming_the_repository(tmp_path, fake_hub, online, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folder = hub.save_hub_checkpoint(
+        tiny_lm(), "runs/demo", tokenizer_or_processor=tiny_tokenizer(), local_folder="runs/demo"
+    )
+    card = (folder / "README.md").read_text()
+    assert 'from_pretrained("runs/demo", trust_remote_code=True)' in card and hub.REPO_PLACEHOLDER not in card
+    assert "These snippets load the local folder `runs/demo`" in card
+
+    hub.push_checkpoint(folder, "someone/tiny-damcha", token="hf_fake")
+    readme = (fake_hub.root / "someone/tiny-damcha" / "main" / "README.md").read_text()
+    assert 'from_pretrained("someone/tiny-damcha", trust_remote_code=True)' in readme
+    assert 'AutoTokenizer.from_pretrained("someone/tiny-damcha", subfolder="tokenizer")' in readme
+    assert "runs/demo" not in readme and "These snippets load" not in readme and "<!--" not in readme
+    # Everything else of the card is pushed as written.
+    assert readme == hub.model_card.card_for_repository(card, "someone/tiny-damcha")
+    assert len(readme.splitlines()) == len(card.splitlines()) - 2  # the sentence and the blank line after it
+
+    # A folder outside the current one is never named by its absolute path: the placeholder id stands in for it.
+    elsewhere = hub.save_hub_checkpoint(tiny_lm(), tmp_path.parent / f"{tmp_path.name}-elsewhere", local_folder=str(
+        tmp_path.parent / f"{tmp_path.name}-elsewhere"))  # fmt: skip
+    outside = (elsewhere / "README.md").read_text()
+    assert hub.REPO_PLACEHOLDER in outside and str(tmp_path.parent) not in outside
 
 
 def test_push_fails_fast_offline(tmp_path, fake_hub, capsys, monkeypatch):

@@ -259,7 +259,7 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
     from damcha_hf import convert_to_damcha
     from damcha_hf.data import byte_level_tokenizer, group_into_blocks, load_text_corpus, sample_blocks
     from damcha_hf.metrics import load_metric
-    from damcha_hf.training import TrainingLoop
+    from damcha_hf.training import TrainingLoop, progress_bar_options
 
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
@@ -319,7 +319,8 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
     print(f"{torch.get_num_threads()} CPU thread(s); {sum(p.numel() for p in damcha.parameters()):,} parameters "
           f"(DAMCHA), {sum(p.numel() for p in mha.parameters()):,} (MHA)")  # fmt: skip
     histories = {name: [] for name in models}
-    progress = tqdm(total=plan["total"], desc="training DAMCHA and MHA", disable=args.no_progress)
+    progress = tqdm(total=plan["total"], desc="training DAMCHA and MHA", disable=args.no_progress,
+                    **progress_bar_options())  # fmt: skip
     budget = TimeBudget(args.time_budget, args.max_steps)
     eval_batch_size = args.batch_size * EVAL_BATCH_FACTOR
 
@@ -345,7 +346,7 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
             losses[name] = loop.step({"input_ids": batch, "labels": batch}, label=name)
             histories[name].append({"step": step, "loss": losses[name], "learning_rate": learning_rate})
         progress.update(1)
-        progress.set_postfix({f"{name} loss": f"{value:.3f}" for name, value in losses.items()})
+        progress.set_postfix({f"{name} loss": f"{value:.3f}" for name, value in losses.items()}, refresh=False)
         budget.step_done()
         new_total = budget.plan(step, evaluation_seconds_left(evaluations_done))
         if new_total is not None:
@@ -428,8 +429,16 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
               "curve_evaluation_seconds": budget.evaluation_seconds}  # fmt: skip
     summary = {"steps": step, "results": results, "comparison": comparison, "validation": validation_note,
                "time": timing, "log_history": histories, "sample": sample}  # fmt: skip
-    _save(damcha, tokenizer, args, histories, results, summary, validation_note)
-    print(f"\nsaved the DAMCHA model to {args.output_dir}")
+    # The loss curves' points are evaluations on the first CURVE_EVAL_BLOCKS of the validation blocks; the figures
+    # above on all of them: the card says so where the two differ.
+    log_evaluation = (
+        f"on the first {len(curve_blocks)} of the {len(eval_blocks)} validation blocks (the loss curve's points); the "
+        f"evaluation results below use all {len(eval_blocks)}"
+        if len(curve_blocks) < len(eval_blocks)
+        else None
+    )
+    _save(damcha, tokenizer, args, histories, results, summary, validation_note, log_evaluation)
+    print(f"\nsaved the DAMCHA model to {args.output_dir}\n\n{how_to_load(args.output_dir)}")
     print(f"\nsample (prompt {args.prompt!r}):\n{sample}\n")
     print(f"({SAMPLE_NOTE})")
     print(f"done in {time.perf_counter() - started:.0f} s")
@@ -449,7 +458,27 @@ def _card_metrics(row: dict) -> dict:
             "perplexity_per_byte": math.exp(row["eval_loss"])}  # fmt: skip
 
 
-def _save(model, tokenizer, args, histories, results, summary, validation_note) -> None:
+def how_to_load(folder: str) -> str:
+    """The lines that load the demo's checkpoint from `folder`, with the plugin and without it (the card's snippets)."""
+    import textwrap
+
+    from damcha_hf.hub.model_card import TOKENIZER_SUBFOLDER, loading_snippet
+
+    def snippet(plugin: bool) -> str:
+        code = loading_snippet("AutoModelForCausalLM", folder, "gpt2", True, plugin=plugin,
+                               tokenizer_subfolder=TOKENIZER_SUBFOLDER)  # fmt: skip
+        return textwrap.indent(code, "    ")
+
+    return (
+        f"load it with the plugin:\n\n{snippet(plugin=True)}\n\nor without it (the checkpoint carries its model "
+        f"code; read it first, it runs on your machine; the tokenizer loads from its {TOKENIZER_SUBFOLDER}/ "
+        f"subfolder without remote code):\n\n{snippet(plugin=False)}\n\n"
+        f"(the model card, {os.path.join(folder, 'README.md')}, says the same; `damcha-hf push {folder} "
+        "<namespace/name>` uploads it)"
+    )
+
+
+def _save(model, tokenizer, args, histories, results, summary, validation_note, log_evaluation=None) -> None:
     """A Hub-ready checkpoint with the run's summary (`demo_results.json`) beside it, written as one folder swap. The
     metric heatmap uses the built-in sample that `damcha-hf inspect` uses by default, so both give the same figures."""
     import json
@@ -467,6 +496,7 @@ def _save(model, tokenizer, args, histories, results, summary, validation_note) 
         baseline_log_histories={"MHA baseline": histories["MHA"]},
         log_source="the demo's training loop (`damcha-hf demo`: both models in one loop, not the `Trainer`)",
         comparison={"MHA baseline (same run)": _card_metrics(results["MHA"])},
+        local_folder=args.output_dir, log_evaluation=log_evaluation,
         notes=["The demo trains a small model for a few CPU minutes: a generated sample is not expected to read as "
                "code yet; the comparison with the MHA baseline is what the demo shows.",
                f"Validation figures (both models): {validation_note} of {dataset or 'the training text'}, none of "

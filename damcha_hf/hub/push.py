@@ -23,7 +23,7 @@ from ..safe_files import (
     read_json_file,
     weight_files,
 )
-from .model_card import REPO_PLACEHOLDER, TOKENIZER_SUBFOLDER
+from .model_card import TOKENIZER_SUBFOLDER, card_for_repository
 
 TEXT_SUFFIXES = (".json", ".md", ".py", ".txt", ".jinja")
 
@@ -290,7 +290,8 @@ def push_checkpoint(
     """Upload a checkpoint folder to the Hub model repository `repo_id` (created if needed); returns the commit URL.
 
     Uploads only the safetensors weights, config files (`config.json` with its `auto_map` completed to every Auto
-    class of the family), the model code named by `auto_map`, tokenizer or image processor files, `README.md` (with the repository id filled into its loading snippets) and the images it shows:
+    class of the family), the model code named by `auto_map`, tokenizer or image processor files, `README.md` (with the repository id written into its loading snippets, where they named the placeholder id or the
+    local folder: `model_card.card_for_repository`) and the images it shows:
     never optimizer, scheduler, RNG or trainer state. Raises `HubPushError`, before any network call, when offline
     (`HF_HUB_OFFLINE=1`), without a token, or when a file would leak a local path.
     """
@@ -313,7 +314,7 @@ def push_checkpoint(
     for path_in_repo, path in plan.items():
         content = str(path)
         if path_in_repo == CARD_FILE:
-            content = path.read_text(encoding="utf-8").replace(REPO_PLACEHOLDER, repo_id).encode("utf-8")
+            content = card_for_repository(path.read_text(encoding="utf-8"), repo_id).encode("utf-8")
         elif path_in_repo == "config.json":
             config, changed = completed_config(folder)
             content = config_json_bytes(config) if changed else content

@@ -61,7 +61,11 @@ def eval_metrics(entry: Mapping) -> dict[str, float]:
 
 
 def parse_log_history(log_history) -> TrainingLog:
+    """The losses, evaluations and summary of a log history. The evaluation entries of one step are merged into one
+    (later values win): a `Trainer` logs the periodic evaluation at the last step and the `evaluate()` after training
+    as two entries, and a recipe may log further metrics of the same evaluation as a third."""
     log = TrainingLog()
+    evaluations: dict = {}  # step -> merged entry, in the order the steps were first logged
     for entry in load_log_history(log_history):
         step, epoch = entry.get("step"), entry.get("epoch")
         if is_number(step):
@@ -76,7 +80,12 @@ def parse_log_history(log_history) -> TrainingLog:
             log.peak_learning_rate = max(float(entry["learning_rate"]), log.peak_learning_rate or 0.0)
         metrics = eval_metrics(entry)
         if metrics:
-            log.eval_entries.append({"step": step, "epoch": epoch, **metrics})
+            key = int(step) if is_number(step) else len(evaluations)  # an entry without a step stays on its own
+            merged = evaluations.setdefault(key, {"step": int(step) if is_number(step) else None, "epoch": None})
+            if is_number(epoch):
+                merged["epoch"] = float(epoch)
+            merged.update(metrics)
+    log.eval_entries = list(evaluations.values())
     return log
 
 

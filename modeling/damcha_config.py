@@ -183,7 +183,9 @@ def _as_config_error(config_name: str, *, field: str | None = None, value=None):
             raise
         cause = " ".join(str(error.__cause__).split())
         if field is not None:  # huggingface_hub's type check: "Field 'x' expected int, got str (value: '1')"
-            cause = f"{cause}; give `{field}` a value of that type" if field in cause else f"`{field}`={value!r}: {cause}"
+            cause = (
+                f"{cause}; give `{field}` a value of that type" if field in cause else f"`{field}`={value!r}: {cause}"
+            )
         message = cause if cause.startswith(f"{config_name}:") else f"{config_name}: {cause}"
         raise DamchaConfigError(message) from error.__cause__
 

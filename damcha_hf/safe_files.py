@@ -18,7 +18,8 @@ The project's rule: no command or function deletes or overwrites a file it did n
   the program did not write, with the path and the fix.
 - `recover_interrupted_saves`: what a killed save left (`.NAME.tmp-*`, `.NAME.old-*`) is restored or removed on the
   next start, said in one line.
-- `hold_lock`: one run per output folder (`fcntl`), refusing a second one by the process id of the first.
+- `hold_lock`: one run per output folder (`fcntl`), refusing a second one by the process id of the first;
+  `wait_for_lock`: one save at a time into a folder (`save_lock_file`), a second one waiting for the first.
 - `check_checkpoint_files`, `check_safetensors_file`, `check_pickled_archive`, `read_json_file`, `reading`: a
   truncated, garbage or mismatched input file becomes one `CorruptFileError` line naming the file and the fault.
 
@@ -312,22 +313,7 @@ def check_checkpoint_folder(folder: str | os.PathLike, *, argument: str = "folde
     symbolic link, the current folder, one of its parents, the home folder, a path that cannot be created, and any
     folder holding other files (named in the message).
     """
-    path = Path(folder).expanduser().absolute()
-    if path.is_symlink():
-        raise UnsafeOutputError(
-            f"{_subject(argument, path)} is a symbolic link; pass the folder it points to ({path.resolve()}) or a new folder."
-        )
-    if path.exists() and not path.is_dir():
-        raise UnsafeOutputError(
-            f"{_subject(argument, path)} is a file, not a folder; choose a folder path that does not exist yet (e.g. "
-            f"{path.with_name(path.name + '-checkpoint')})."
-        )
-    if path.resolve() in protected_folders():
-        raise UnsafeOutputError(
-            f"{_subject(argument, path)} is the current folder, one of its parents or the home folder, which a checkpoint "
-            f"save would replace as a whole; choose a new subfolder, e.g. {path / 'damcha-checkpoint'}."
-        )
-    check_writable_location(path, argument=argument)
+    path = check_checkpoint_location(folder, argument=argument)
     if path.parent.is_dir():
         recover_interrupted_saves(path.parent, lambda name: name == path.name)
     if not path.is_dir() or not any(path.iterdir()):
@@ -355,6 +341,29 @@ def check_checkpoint_folder(folder: str | os.PathLike, *, argument: str = "folde
     return path
 
 
+def check_checkpoint_location(folder: str | os.PathLike, *, argument: str = "folder") -> Path:
+    """The checks of `check_checkpoint_folder` that do not read the folder's contents: refused with
+    `UnsafeOutputError` are a symbolic link, a file, the current folder, one of its parents, the home folder and a path
+    that cannot be created. Returns the path, absolute."""
+    path = Path(folder).expanduser().absolute()
+    if path.is_symlink():
+        raise UnsafeOutputError(
+            f"{_subject(argument, path)} is a symbolic link; pass the folder it points to ({path.resolve()}) or a new folder."
+        )
+    if path.exists() and not path.is_dir():
+        raise UnsafeOutputError(
+            f"{_subject(argument, path)} is a file, not a folder; choose a folder path that does not exist yet (e.g. "
+            f"{path.with_name(path.name + '-checkpoint')})."
+        )
+    if path.resolve() in protected_folders():
+        raise UnsafeOutputError(
+            f"{_subject(argument, path)} is the current folder, one of its parents or the home folder, which a checkpoint "
+            f"save would replace as a whole; choose a new subfolder, e.g. {path / 'damcha-checkpoint'}."
+        )
+    check_writable_location(path, argument=argument)
+    return path
+
+
 def check_run_folder(
     folder: str | os.PathLike,
     *,
@@ -368,7 +377,8 @@ def check_run_folder(
     `eval_results.json`); `checkpoints` those among them that are checkpoint folders it replaces as a whole (e.g.
     `final`), checked with `check_checkpoint_folder`. Anything else in `folder` means it belongs to someone else:
     refused with `UnsafeOutputError` naming the files, as are a file path, a path that cannot be created, and the
-    current folder, its parents and the home folder. A run's lock file (`RUN_LOCK_FILE`) counts as the recipe's.
+    current folder, its parents and the home folder. A run's lock file (`RUN_LOCK_FILE`), and the save lock a killed
+    save left beside one of the recipe's folders (`save_lock_file`), count as the recipe's.
     """
     path = Path(folder).expanduser().absolute()
     written, checkpoints = (*written, RUN_LOCK_FILE), tuple(checkpoints)
@@ -385,7 +395,12 @@ def check_run_folder(
     if not path.is_dir():
         return path
     entries = sorted(entry.name for entry in path.iterdir())
-    foreign = [name for name in entries if not any(fnmatch.fnmatchcase(name, pattern) for pattern in written)]
+
+    def recipes_own(name: str) -> bool:
+        target = _save_lock_target(name)  # the lock a killed save of e.g. `final` left beside it
+        return any(fnmatch.fnmatchcase(target or name, pattern) for pattern in written)
+
+    foreign = [name for name in entries if not recipes_own(name)]
     if foreign:
         raise UnsafeOutputError(
             f"{_subject(argument, path)} holds files this recipe did not write ({_describe(foreign)}); choose a new or empty "
@@ -583,7 +598,7 @@ _held_locks: dict[str, FolderLock] = {}
 
 class FolderLock:
     """An exclusive `fcntl` lock on a lock file, held until `release()` or the end of the process (the kernel drops
-    it when the process dies, however it dies). Taken again by the same process, it is the same lock."""
+    it when the process dies, however it dies). `hold_lock` taken again by the same process gives the same lock."""
 
     def __init__(self, lock_file: Path, created: list[Path]):
         self.lock_file, self.created = lock_file, created
@@ -623,27 +638,53 @@ def lock_holder(lock_file: str | os.PathLike) -> str | None:
 
 
 def hold_lock(lock_file: str | os.PathLike, *, what: str) -> FolderLock:
-    """Lock `lock_file` (creating it and its missing parent folders) for this process, or refuse with
+    """Lock `lock_file` (creating it and its missing parent folders) for the rest of this process, or refuse with
     `UnsafeOutputError` naming the process that holds it. `what` names the locked thing in that message."""
-    import fcntl
-
     lock_file = Path(lock_file).absolute()
     held = _held_locks.get(str(lock_file))
     if held is not None:
         return held
-    created = [parent for parent in (lock_file.parent, *lock_file.parent.parents) if not parent.exists()]
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    lock = _take_lock(lock_file, what=what, wait=False)
+    _held_locks[str(lock_file)] = lock
+    atexit.register(lock.release)
+    return lock
+
+
+def wait_for_lock(lock_file: str | os.PathLike, *, what: str) -> FolderLock:
+    """Lock `lock_file` (creating it and its missing parent folders) until `release()`, waiting, said in one line on
+    stderr, while another process or another thread of this one holds it. The lock file, and the folders made for it,
+    are removed on release."""
+    return _take_lock(Path(lock_file).absolute(), what=what, wait=True)
+
+
+def _take_lock(lock_file: Path, *, what: str, wait: bool) -> FolderLock:
+    import fcntl
+
+    created: list[Path] = []
+    waiting_said = False
     while True:
+        # Inside the loop: the holder before us may have removed the folders it made for the lock.
+        created += [parent for parent in (lock_file.parent, *lock_file.parent.parents) if not parent.exists()]
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(descriptor, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(descriptor)
-            raise UnsafeOutputError(
-                f"{what} is in use by another run (process {holder}, which holds {lock_file}); wait for it to finish, "
-                "or choose another folder."
-            ) from None
+            if not wait:
+                os.close(descriptor)
+                raise UnsafeOutputError(
+                    f"{what} is in use by another run (process {holder}, which holds {lock_file}); wait for it to "
+                    "finish, or choose another folder."
+                ) from None
+            if not waiting_said:
+                print(f"{what}: process {holder} is writing it; waiting for it to finish", file=sys.stderr, flush=True)
+                waiting_said = True
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
+            except BaseException:  # interrupted while waiting
+                os.close(descriptor)
+                raise
         # The holder before us may have unlinked the file after we opened it: lock the file at the path, not that one.
         try:
             same = os.stat(lock_file).st_ino == os.fstat(descriptor).st_ino
@@ -656,9 +697,25 @@ def hold_lock(lock_file: str | os.PathLike, *, what: str) -> FolderLock:
     os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
     lock = FolderLock(lock_file, created)
     lock.descriptor = descriptor
-    _held_locks[str(lock_file)] = lock
-    atexit.register(lock.release)
     return lock
+
+
+# A save into a folder that replaces it as a whole (`save_hub_checkpoint`) holds `.NAME.damcha-hf-save.lock` beside it:
+# a second save of the same folder waits, and the folder is always one complete checkpoint.
+SAVE_LOCK_SUFFIX = ".damcha-hf-save.lock"
+
+
+def save_lock_file(folder: str | os.PathLike) -> Path:
+    """The lock file of saves into `folder`: beside it, since the folder itself is replaced."""
+    folder = Path(folder).absolute()
+    return folder.with_name(f".{folder.name}{SAVE_LOCK_SUFFIX}")
+
+
+def _save_lock_target(name: str) -> str | None:
+    """The folder name whose save lock `name` is, or None when `name` is no save lock."""
+    if name.startswith(".") and name.endswith(SAVE_LOCK_SUFFIX) and len(name) > len(SAVE_LOCK_SUFFIX) + 1:
+        return name[1 : -len(SAVE_LOCK_SUFFIX)]
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------- corrupt files
@@ -864,6 +921,7 @@ __all__ = [
     "atomic_write",
     "check_checkpoint_files",
     "check_checkpoint_folder",
+    "check_checkpoint_location",
     "check_run_folder",
     "earlier_run_entries",
     "hold_lock",
@@ -876,7 +934,9 @@ __all__ = [
     "record_run_entry",
     "recover_interrupted_saves",
     "remove_entries",
+    "save_lock_file",
     "saved_run_id",
+    "wait_for_lock",
     "write_json",
     "write_save_record",
 ]

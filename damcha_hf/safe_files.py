@@ -67,6 +67,8 @@ PREPROCESSOR_FILES = (
 )
 # The model_type prefix of this plugin's configs: a folder is "an earlier checkpoint of this plugin" only with it.
 MODEL_TYPE_PREFIX = "damcha_"
+# The `Software` text of the pictures this plugin draws (`png_text`): a picture that lacks it is never replaced.
+PNG_SOFTWARE = "damcha-hf"
 
 
 class UnsafeOutputError(FileExistsError):
@@ -113,6 +115,28 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
     with atomic_path(path) as temporary, open(temporary, "xb") as handle:
         handle.write(data.encode("utf-8") if isinstance(data, str) else data)
     return Path(path)
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_text(path: str | os.PathLike, keyword: str) -> str | None:
+    """The text of the PNG file's `tEXt` chunk `keyword` (e.g. "Software"), or None: not a PNG, or no such chunk
+    before the image data."""
+    with open(path, "rb") as handle:
+        if handle.read(len(PNG_SIGNATURE)) != PNG_SIGNATURE:
+            return None
+        while True:
+            header = handle.read(8)
+            length, kind = int.from_bytes(header[:4], "big"), header[4:]
+            if len(header) < 8 or kind in (b"IDAT", b"IEND") or length > 1 << 20:
+                return None
+            data = handle.read(length)
+            handle.read(4)  # the chunk's CRC
+            if kind == b"tEXt":
+                name, _, text = data.partition(b"\0")
+                if name == keyword.encode("latin-1"):
+                    return text.decode("latin-1")
 
 
 def write_json(path: str | os.PathLike, payload, *, indent: int = 2) -> Path:
@@ -377,8 +401,9 @@ def check_run_folder(
     `eval_results.json`); `checkpoints` those among them that are checkpoint folders it replaces as a whole (e.g.
     `final`), checked with `check_checkpoint_folder`. Anything else in `folder` means it belongs to someone else:
     refused with `UnsafeOutputError` naming the files, as are a file path, a path that cannot be created, and the
-    current folder, its parents and the home folder. A run's lock file (`RUN_LOCK_FILE`), and the save lock a killed
-    save left beside one of the recipe's folders (`save_lock_file`), count as the recipe's.
+    current folder, its parents and the home folder. A run's lock file (`RUN_LOCK_FILE`), and beside a folder the recipe
+    writes the save lock a killed save left (`save_lock_file`) and the heatmap `damcha-hf inspect` draws of it
+    (`NAME_metric_heatmap.png`), count as the recipe's.
     """
     path = Path(folder).expanduser().absolute()
     written, checkpoints = (*written, RUN_LOCK_FILE), tuple(checkpoints)
@@ -397,8 +422,12 @@ def check_run_folder(
     entries = sorted(entry.name for entry in path.iterdir())
 
     def recipes_own(name: str) -> bool:
-        target = _save_lock_target(name)  # the lock a killed save of e.g. `final` left beside it
-        return any(fnmatch.fnmatchcase(target or name, pattern) for pattern in written)
+        # Beside a folder the recipe writes, e.g. `final`: the lock a killed save of it left, and the heatmap that
+        # `damcha-hf inspect` draws of it by default (`final_metric_heatmap.png`).
+        heatmap_suffix = f"_{METRIC_HEATMAP_FILE}"
+        drawn_of = name[: -len(heatmap_suffix)] if name.endswith(heatmap_suffix) else None
+        of = _save_lock_target(name) or drawn_of or name
+        return any(fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(of, pattern) for pattern in written)
 
     foreign = [name for name in entries if not recipes_own(name)]
     if foreign:
@@ -928,6 +957,7 @@ __all__ = [
     "loading_checkpoint",
     "make_staging_folder",
     "new_run_id",
+    "png_text",
     "public_dataset_name",
     "read_run_record",
     "reading",

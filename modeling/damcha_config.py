@@ -7,7 +7,6 @@ Torch-free, so that the configuration files (and `--help` of the command line an
 importing the attention core. Part of the remote-code payload: imports nothing outside the standard library.
 """
 
-import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -150,13 +149,19 @@ def one_line_config_errors(config_class):
 
     @functools.wraps(strict_init)
     def __init__(self, *args, **kwargs):
-        with _as_config_error(type(self).__name__):
+        try:
             strict_init(self, *args, **kwargs)
+        except Exception as error:
+            _raise_in_one_line(error, type(self).__name__)
+            raise
 
     @functools.wraps(strict_validate)  # keeps `__is_defined_by_strict_decorator__`: subclasses may be `@strict` too
     def validate(self):
-        with _as_config_error(type(self).__name__):
+        try:
             strict_validate(self)
+        except Exception as error:
+            _raise_in_one_line(error, type(self).__name__)
+            raise
 
     @functools.wraps(strict_setattr)
     def __setattr__(self, name, value):
@@ -164,30 +169,26 @@ def one_line_config_errors(config_class):
         message = rule and rule.refusal(type(self).__name__, name, value)
         if message:
             raise DamchaConfigError(message)
-        with _as_config_error(type(self).__name__, field=name, value=value):
+        try:
             strict_setattr(self, name, value)
+        except Exception as error:
+            _raise_in_one_line(error, type(self).__name__, field=name, value=value)
+            raise
 
     config_class.__init__, config_class.validate, config_class.__setattr__ = __init__, validate, __setattr__
     return config_class
 
 
-@contextlib.contextmanager
-def _as_config_error(config_name: str, *, field: str | None = None, value=None):
-    try:
-        yield
-    except DamchaConfigError:
-        raise
-    except Exception as error:
-        # huggingface_hub's errors, matched by name: this file imports nothing outside the standard library.
-        if not type(error).__name__.startswith("StrictDataclass") or error.__cause__ is None:
-            raise
-        cause = " ".join(str(error.__cause__).split())
-        if field is not None:  # huggingface_hub's type check: "Field 'x' expected int, got str (value: '1')"
-            cause = (
-                f"{cause}; give `{field}` a value of that type" if field in cause else f"`{field}`={value!r}: {cause}"
-            )
-        message = cause if cause.startswith(f"{config_name}:") else f"{config_name}: {cause}"
-        raise DamchaConfigError(message) from error.__cause__
+def _raise_in_one_line(error: Exception, config_name: str, *, field: str | None = None, value=None) -> None:
+    """Raise huggingface_hub's validation `error` as a one-line `DamchaConfigError`; return on any other error."""
+    # Matched by name: this file imports nothing outside the standard library.
+    if not type(error).__name__.startswith("StrictDataclass") or error.__cause__ is None:
+        return
+    cause = " ".join(str(error.__cause__).split())
+    if field is not None:  # huggingface_hub's type check: "Field 'x' expected int, got str (value: '1')"
+        cause = f"{cause}; give `{field}` a value of that type" if field in cause else f"`{field}`={value!r}: {cause}"
+    message = cause if cause.startswith(f"{config_name}:") else f"{config_name}: {cause}"
+    raise DamchaConfigError(message) from error.__cause__
 
 
 def _nearest_divisors(hidden_size: int, num_heads: int) -> str:

@@ -97,8 +97,8 @@ def default_output(checkpoint: Path) -> Path:
 
 
 def check_output(output: Path, checkpoint: Path, *, overwrite: bool) -> None:
-    """Refuse, before the model loads, an output that cannot be written or would replace a file damcha-hf did not
-    draw (a PNG without its `Software` mark): never, `--overwrite` or not."""
+    """Refuse, before the model loads, an output that cannot be written, one that exists (without `--overwrite`), and
+    one that is not a picture damcha-hf drew (a PNG with its `Software` mark), which is never replaced."""
     from damcha_hf.safe_files import (
         METRIC_HEATMAP_FILE,
         PNG_SOFTWARE,

@@ -471,7 +471,8 @@ def recover_interrupted_saves(parent: Path, is_target=None, *, held: bool = Fals
     leftover is an unfinished save, a copy already replaced or an entry being deleted (`.NAME.del-PID-HEX`, never
     restored), and is deleted. Only leftovers whose `NAME` passes
     `is_target` are touched, and (unless the caller holds `parent`'s run lock, `held`) only those of processes no
-    longer running, so a save in progress elsewhere is left alone.
+    longer running, so a save in progress elsewhere is left alone. The save lock of such a `NAME`
+    (`save_lock_file`) is removed when no process holds it.
     """
     groups: dict[str, list[tuple[str, Path]]] = {}
     for entry in Path(parent).iterdir():
@@ -496,13 +497,24 @@ def recover_interrupted_saves(parent: Path, is_target=None, *, held: bool = Fals
             else:
                 entry.unlink()
             removed.append(entry.name)
-    if not restored and not removed:
+    stale_locks = []
+    for entry in sorted(Path(parent).iterdir()):
+        target = _save_lock_target(entry.name)
+        if target is None or entry.is_symlink() or (is_target is not None and not is_target(target)):
+            continue
+        if lock_holder(entry) is None:  # no save holds it: a killed save left it (one that waits for it retries)
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+            stale_locks.append(entry.name)
+    if not restored and not removed and not stale_locks:
         return None
     done = []
     if restored:
         done.append(f"restored {', '.join(name + '/' for name in restored)} as it was before the save")
     if removed:
         done.append(f"removed {len(removed)} unfinished, replaced or discarded temporary copies ({_describe(removed)})")
+    if stale_locks:
+        done.append(f"removed the lock files it held ({_describe(stale_locks)})")
     message = f"{parent}: an earlier save was interrupted; " + "; ".join(done)
     print(message, file=sys.stderr, flush=True)
     return message

@@ -19,7 +19,14 @@ from safetensors.torch import load_file
 
 import damcha_hf
 from damcha_hf.hub import save_hub_checkpoint
-from damcha_hf.safe_files import SAVE_RECORD_FILE, UnsafeOutputError, check_run_folder, save_lock_file, wait_for_lock
+from damcha_hf.safe_files import (
+    SAVE_RECORD_FILE,
+    UnsafeOutputError,
+    check_run_folder,
+    recover_interrupted_saves,
+    save_lock_file,
+    wait_for_lock,
+)
 
 FORK = multiprocessing.get_context("fork")
 # How long a step may take before the test gives up: a failure's bound, never a measured figure.
@@ -188,3 +195,22 @@ def test_the_lock_file_a_killed_save_left_is_taken_over_and_removed(tmp_path, ca
     assert "waiting" not in capfd.readouterr().err
     assert_one_complete_checkpoint_of(target, model)
     assert sorted(os.listdir(run_folder)) == [".notes.damcha-hf-save.lock", "final"]
+
+
+def test_the_next_start_removes_a_killed_saves_lock_file_and_leaves_a_held_one(tmp_path, capfd):
+    target = tmp_path / "final"
+    killed = FORK.Process(target=hold_the_save_lock_and_die, args=(target,))
+    killed.start()
+    killed.join(PATIENCE_SECONDS)
+    assert killed.exitcode == 9 and save_lock_file(target).exists()
+    held = wait_for_lock(save_lock_file(tmp_path / "busy"), what="a save in progress")
+    try:
+        message = recover_interrupted_saves(tmp_path, lambda name: name in ("final", "busy"))
+        assert message == (
+            f"{tmp_path}: an earlier save was interrupted; removed the lock files it held (.final.damcha-hf-save.lock)"
+        )
+        assert capfd.readouterr().err == message + "\n"
+        assert sorted(os.listdir(tmp_path)) == [".busy.damcha-hf-save.lock"]  # a save in progress keeps its lock
+    finally:
+        held.release()
+    assert os.listdir(tmp_path) == []

@@ -83,7 +83,30 @@ _PUBLIC_MODULES = {
 __all__ = [*_PUBLIC_MODULES, "__version__"]
 
 
+# The package's own modules, reachable as attributes after a plain `import damcha_hf` (`damcha_hf.hub.push_checkpoint`,
+# `damcha_hf.metrics.load_metric`), each imported on first use.
+SUBMODULES = (
+    "argument_checks",
+    "cli",
+    "commands",
+    "conversion",
+    "data",
+    "data_sources",
+    "diffusion",
+    "families",
+    "hub",
+    "metric_map",
+    "metrics",
+    "modeling",
+    "registration",
+    "safe_files",
+    "training",
+)
+
+
 def __getattr__(name: str):
+    if name in SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)  # the import also sets it as an attribute here
     module = _PUBLIC_MODULES.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -93,7 +116,7 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | set(SUBMODULES))
 
 
 install_auto_class_registration()

@@ -185,13 +185,18 @@ TEXT_FILES_CHECKED = 100
 MAX_UNDECODABLE_SHARE = 0.1
 
 
-def check_text_file(path: str) -> None:
+def check_text_file(
+    path: str, *, fix: str = "give a UTF-8 text file, a folder of .txt files or a glob of them"
+) -> None:
     """Refuse (`ArgumentTypeError`) an empty file or one that is not text: NUL bytes (an executable, an archive, an
-    image) or mostly bytes that are not UTF-8."""
+    image) or mostly bytes that are not UTF-8. `fix` says what the flag takes instead."""
     import codecs
 
-    with open(path, "rb") as handle:
-        sample = handle.read(TEXT_SAMPLE_BYTES)
+    try:
+        with open(path, "rb") as handle:
+            sample = handle.read(TEXT_SAMPLE_BYTES)
+    except OSError as error:  # e.g. a file this user may not read
+        raise argparse.ArgumentTypeError(f"{path!r} cannot be read ({error.strerror}); {fix}") from None
     if not sample:
         raise argparse.ArgumentTypeError(f"{path!r} is empty; give a file holding text")
     decoded = codecs.getincrementaldecoder("utf-8")("replace").decode(sample, final=False)
@@ -199,9 +204,24 @@ def check_text_file(path: str) -> None:
     if b"\0" in sample or undecodable > MAX_UNDECODABLE_SHARE:
         kind = "it holds NUL bytes" if b"\0" in sample else f"{undecodable:.0%} of its first bytes are not UTF-8"
         raise argparse.ArgumentTypeError(
-            f"{path!r} is not a text file ({kind}: a binary file such as a program, an archive or an image); give a "
-            "UTF-8 text file, a folder of .txt files or a glob of them"
+            f"{path!r} is not a text file ({kind}: a binary file such as a program, an archive or an image); {fix}"
         )
+
+
+def text_file_or_folder(text: str) -> str:
+    """`--data` of a command that reads a text file or a folder (of images): refuses, while parsing, a path that is
+    missing, one that is neither a regular file nor a folder, and a file that is empty or not text. Which of the two
+    the model needs is checked once the checkpoint is known."""
+    import os
+
+    fix = "give a UTF-8 text file (text models) or a folder of images (vision models)"
+    if not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"{text!r} does not exist; {fix}")
+    if not os.path.isfile(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular file or folder (a device, pipe or socket); {fix}")
+    if os.path.isfile(text):
+        check_text_file(text, fix=fix)
+    return text
 
 
 def heads_divide_width_error(width: int, heads: int, *, width_flag: str, heads_flag: str) -> str | None:
@@ -245,4 +265,5 @@ __all__ = [
     "probability",
     "repo_id_error",
     "text_data_source",
+    "text_file_or_folder",
 ]

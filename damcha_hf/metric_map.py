@@ -8,7 +8,8 @@ draws one heatmap panel per layer. The *off-diagonal mass* of a layer is
     sum_{i != j} |C_ij| / sum_{i, j} |C_ij|
 
 of its mean matrix: 0 for multi-head attention (`C = I`, a fresh or converted model), 1 when heads score only against
-other heads' keys. With grouped-query attention (Llama) `C` is `H_kv x H_kv`, or `H x H_kv` for `metric_context="query"`,
+other heads' keys. A diffusion denoiser's `C` depends on the noise level too: its inputs are taken at one `timestep`
+(the middle of the usual 1000-step schedule, `DEFAULT_DENOISER_TIMESTEP`, unless the inputs or the caller say). With grouped-query attention (Llama) `C` is `H_kv x H_kv`, or `H x H_kv` for `metric_context="query"`,
 whose "diagonal" is the plain-GQA assignment of query head `i` to key head `i // (H / H_kv)`.
 
 Usage:
@@ -20,6 +21,7 @@ Usage:
 
 from __future__ import annotations
 
+import inspect
 import os
 import textwrap
 from collections.abc import Sequence
@@ -29,11 +31,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .safe_files import atomic_path
+from .safe_files import PNG_SOFTWARE, atomic_path
 
 METRIC_MODULE_NAME = "CrossHeadMetric"  # matched by name: remote-code models define their own copy of the class
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 DEFAULT_MAX_TOKENS = 128
+# The noise level a diffusion denoiser's metric map is drawn at when neither the inputs nor the caller give one: the
+# middle of the usual 1000-step DDPM schedule (`damcha-hf inspect` takes the middle of the checkpoint's own schedule).
+DEFAULT_DENOISER_TIMESTEP = 500
 
 
 @dataclass
@@ -93,6 +98,13 @@ def metric_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def is_vision_model(model: torch.nn.Module) -> bool:
     return getattr(model, "main_input_name", "input_ids") == "pixel_values"
+
+
+def needs_timestep(model_or_class) -> bool:
+    """A diffusion denoiser (model or class): its forward takes the noise level, a required `timestep`, beside the
+    images."""
+    parameter = inspect.signature(model_or_class.forward).parameters.get("timestep")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 def default_text() -> list[str]:
@@ -184,12 +196,13 @@ def as_model_inputs(model, inputs, tokenizer=None) -> list[dict]:
 
 @torch.no_grad()
 def compute_metric_map(
-    model: torch.nn.Module, inputs=None, *, tokenizer=None, description: str | None = None
+    model: torch.nn.Module, inputs=None, *, tokenizer=None, description: str | None = None, timestep: int | None = None
 ) -> MetricMap:
     """Run `inputs` through `model` and return each layer's cross-head matrix `C`, averaged over all tokens.
 
     Inputs run one batch at a time without padding, so every averaged `C` belongs to a real token (or, for
-    `metric_context="sequence"`, a real sequence). The model's train/eval mode is restored afterwards.
+    `metric_context="sequence"`, a real sequence). The model's train/eval mode is restored afterwards. A diffusion
+    denoiser's batches without a `timestep` of their own run at `timestep` (default `DEFAULT_DENOISER_TIMESTEP`).
     """
     variant = getattr(model.config, "cross_head_variant", "none")  # a stock transformers config: plain attention
     if variant != "damcha":
@@ -197,6 +210,13 @@ def compute_metric_map(
             f"{type(model).__name__} runs `cross_head_variant={variant!r}`, which has no cross-head metric C to draw; "
             "the metric map is for `cross_head_variant='damcha'` models."
         )
+    batches = as_model_inputs(model, inputs, tokenizer)
+    if needs_timestep(model):
+        step = DEFAULT_DENOISER_TIMESTEP if timestep is None else timestep
+        timestep = step if any("timestep" not in batch for batch in batches) else None  # None: the inputs gave theirs
+        batches = [{"timestep": torch.tensor(step), **batch} for batch in batches]  # a batch's own step wins
+    elif timestep is not None:
+        raise ValueError(f"timestep={timestep}: {type(model).__name__} is not a diffusion denoiser; leave it out.")
     modules = metric_modules(model)
     names, first_slot = metric_layer_names(model, modules)
     num_layers = len(names)
@@ -216,7 +236,7 @@ def compute_metric_map(
     device = next(model.parameters()).device
     model.eval()
     try:
-        for batch in as_model_inputs(model, inputs, tokenizer):
+        for batch in batches:
             model(**{name: value.to(device) for name, value in batch.items()})
     finally:
         for handle in handles:
@@ -229,7 +249,7 @@ def compute_metric_map(
     if missing:
         raise RuntimeError(f"layers {missing} never called the cross-head metric; is this a DAMCHA model?")
     matrices = (sums / torch.tensor(counts, dtype=torch.float64).view(-1, 1, 1)).to(torch.float32)
-    described = description or describe_inputs(model, inputs)
+    described = description or describe_inputs(model, inputs, timestep)
     return MetricMap(matrices, [offdiagonal_mass(matrix) for matrix in matrices], counts, inputs=described,
                      layer_names=names)  # fmt: skip
 
@@ -257,12 +277,14 @@ def metric_layer_names(model: torch.nn.Module, modules: list[torch.nn.Module]) -
     return names, first_slot
 
 
-def describe_inputs(model, inputs) -> str:
+def describe_inputs(model, inputs, timestep: int | None = None) -> str:
     """What `compute_metric_map` averaged over, in words: the built-in sample is named so that it can be redrawn."""
+    at_timestep = f", at timestep {timestep}" if timestep is not None else ""
     if inputs is not None:
-        return "inputs chosen by the program that saved the model"
+        return "inputs chosen by the program that saved the model" + at_timestep
     if is_vision_model(model):
-        return "the built-in sample (4 random images of the configured size, seed 0), which `damcha-hf inspect` uses by default"
+        sample = f"4 random images of the configured size, seed 0{at_timestep}"
+        return f"the built-in sample ({sample}), which `damcha-hf inspect` uses by default"
     return (
         "the built-in sample (4 passages of 8 code lines of Python's own `textwrap.py`), which `damcha-hf inspect` "
         "uses by default"
@@ -313,7 +335,8 @@ def plot_metric_map(metric_map: MetricMap, path: str | os.PathLike, *, title: st
     path = Path(path)
     try:
         with atomic_path(path) as temporary:
-            figure.savefig(temporary, format="png", dpi=110)
+            # The mark by which `damcha-hf inspect --overwrite` knows a picture it may replace.
+            figure.savefig(temporary, format="png", dpi=110, metadata={"Software": PNG_SOFTWARE})
     finally:
         plt.close(figure)
     metric_map.panels, metric_map.path = panels, path
@@ -328,12 +351,21 @@ def write_metric_map(
     tokenizer=None,
     title: str | None = None,
     description: str | None = None,
+    timestep: int | None = None,
 ) -> MetricMap:
     """`compute_metric_map` then `plot_metric_map`: returns the matrices, masses, panel count and path.
     `description` says in words what `inputs` are (a model card shows it)."""
-    metric_map = compute_metric_map(model, inputs, tokenizer=tokenizer, description=description)
+    metric_map = compute_metric_map(model, inputs, tokenizer=tokenizer, description=description, timestep=timestep)
     plot_metric_map(metric_map, path, title=title)
     return metric_map
 
 
-__all__ = ["MetricMap", "compute_metric_map", "offdiagonal_mass", "plot_metric_map", "write_metric_map"]
+__all__ = [
+    "DEFAULT_DENOISER_TIMESTEP",
+    "MetricMap",
+    "compute_metric_map",
+    "needs_timestep",
+    "offdiagonal_mass",
+    "plot_metric_map",
+    "write_metric_map",
+]

@@ -18,7 +18,8 @@ The project's rule: no command or function deletes or overwrites a file it did n
   the program did not write, with the path and the fix.
 - `recover_interrupted_saves`: what a killed save left (`.NAME.tmp-*`, `.NAME.old-*`) is restored or removed on the
   next start, said in one line.
-- `hold_lock`: one run per output folder (`fcntl`), refusing a second one by the process id of the first.
+- `hold_lock`: one run per output folder (`fcntl`), refusing a second one by the process id of the first;
+  `wait_for_lock`: one save at a time into a folder (`save_lock_file`), a second one waiting for the first.
 - `check_checkpoint_files`, `check_safetensors_file`, `check_pickled_archive`, `read_json_file`, `reading`: a
   truncated, garbage or mismatched input file becomes one `CorruptFileError` line naming the file and the fault.
 
@@ -66,6 +67,8 @@ PREPROCESSOR_FILES = (
 )
 # The model_type prefix of this plugin's configs: a folder is "an earlier checkpoint of this plugin" only with it.
 MODEL_TYPE_PREFIX = "damcha_"
+# The `Software` text of the pictures this plugin draws (`png_text`): a picture that lacks it is never replaced.
+PNG_SOFTWARE = "damcha-hf"
 
 
 class UnsafeOutputError(FileExistsError):
@@ -112,6 +115,28 @@ def atomic_write(path: str | os.PathLike, data: bytes | str) -> Path:
     with atomic_path(path) as temporary, open(temporary, "xb") as handle:
         handle.write(data.encode("utf-8") if isinstance(data, str) else data)
     return Path(path)
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_text(path: str | os.PathLike, keyword: str) -> str | None:
+    """The text of the PNG file's `tEXt` chunk `keyword` (e.g. "Software"), or None: not a PNG, or no such chunk
+    before the image data."""
+    with open(path, "rb") as handle:
+        if handle.read(len(PNG_SIGNATURE)) != PNG_SIGNATURE:
+            return None
+        while True:
+            header = handle.read(8)
+            length, kind = int.from_bytes(header[:4], "big"), header[4:]
+            if len(header) < 8 or kind in (b"IDAT", b"IEND") or length > 1 << 20:
+                return None
+            data = handle.read(length)
+            handle.read(4)  # the chunk's CRC
+            if kind == b"tEXt":
+                name, _, text = data.partition(b"\0")
+                if name == keyword.encode("latin-1"):
+                    return text.decode("latin-1")
 
 
 def write_json(path: str | os.PathLike, payload, *, indent: int = 2) -> Path:
@@ -312,22 +337,7 @@ def check_checkpoint_folder(folder: str | os.PathLike, *, argument: str = "folde
     symbolic link, the current folder, one of its parents, the home folder, a path that cannot be created, and any
     folder holding other files (named in the message).
     """
-    path = Path(folder).expanduser().absolute()
-    if path.is_symlink():
-        raise UnsafeOutputError(
-            f"{_subject(argument, path)} is a symbolic link; pass the folder it points to ({path.resolve()}) or a new folder."
-        )
-    if path.exists() and not path.is_dir():
-        raise UnsafeOutputError(
-            f"{_subject(argument, path)} is a file, not a folder; choose a folder path that does not exist yet (e.g. "
-            f"{path.with_name(path.name + '-checkpoint')})."
-        )
-    if path.resolve() in protected_folders():
-        raise UnsafeOutputError(
-            f"{_subject(argument, path)} is the current folder, one of its parents or the home folder, which a checkpoint "
-            f"save would replace as a whole; choose a new subfolder, e.g. {path / 'damcha-checkpoint'}."
-        )
-    check_writable_location(path, argument=argument)
+    path = check_checkpoint_location(folder, argument=argument)
     if path.parent.is_dir():
         recover_interrupted_saves(path.parent, lambda name: name == path.name)
     if not path.is_dir() or not any(path.iterdir()):
@@ -355,6 +365,29 @@ def check_checkpoint_folder(folder: str | os.PathLike, *, argument: str = "folde
     return path
 
 
+def check_checkpoint_location(folder: str | os.PathLike, *, argument: str = "folder") -> Path:
+    """The checks of `check_checkpoint_folder` that do not read the folder's contents: refused with
+    `UnsafeOutputError` are a symbolic link, a file, the current folder, one of its parents, the home folder and a path
+    that cannot be created. Returns the path, absolute."""
+    path = Path(folder).expanduser().absolute()
+    if path.is_symlink():
+        raise UnsafeOutputError(
+            f"{_subject(argument, path)} is a symbolic link; pass the folder it points to ({path.resolve()}) or a new folder."
+        )
+    if path.exists() and not path.is_dir():
+        raise UnsafeOutputError(
+            f"{_subject(argument, path)} is a file, not a folder; choose a folder path that does not exist yet (e.g. "
+            f"{path.with_name(path.name + '-checkpoint')})."
+        )
+    if path.resolve() in protected_folders():
+        raise UnsafeOutputError(
+            f"{_subject(argument, path)} is the current folder, one of its parents or the home folder, which a checkpoint "
+            f"save would replace as a whole; choose a new subfolder, e.g. {path / 'damcha-checkpoint'}."
+        )
+    check_writable_location(path, argument=argument)
+    return path
+
+
 def check_run_folder(
     folder: str | os.PathLike,
     *,
@@ -368,7 +401,9 @@ def check_run_folder(
     `eval_results.json`); `checkpoints` those among them that are checkpoint folders it replaces as a whole (e.g.
     `final`), checked with `check_checkpoint_folder`. Anything else in `folder` means it belongs to someone else:
     refused with `UnsafeOutputError` naming the files, as are a file path, a path that cannot be created, and the
-    current folder, its parents and the home folder. A run's lock file (`RUN_LOCK_FILE`) counts as the recipe's.
+    current folder, its parents and the home folder. A run's lock file (`RUN_LOCK_FILE`), and beside a folder the recipe
+    writes the save lock a killed save left (`save_lock_file`) and the heatmap `damcha-hf inspect` draws of it
+    (`NAME_metric_heatmap.png`), count as the recipe's.
     """
     path = Path(folder).expanduser().absolute()
     written, checkpoints = (*written, RUN_LOCK_FILE), tuple(checkpoints)
@@ -385,7 +420,16 @@ def check_run_folder(
     if not path.is_dir():
         return path
     entries = sorted(entry.name for entry in path.iterdir())
-    foreign = [name for name in entries if not any(fnmatch.fnmatchcase(name, pattern) for pattern in written)]
+
+    def recipes_own(name: str) -> bool:
+        # Beside a folder the recipe writes, e.g. `final`: the lock a killed save of it left, and the heatmap that
+        # `damcha-hf inspect` draws of it by default (`final_metric_heatmap.png`).
+        heatmap_suffix = f"_{METRIC_HEATMAP_FILE}"
+        drawn_of = name[: -len(heatmap_suffix)] if name.endswith(heatmap_suffix) else None
+        of = _save_lock_target(name) or drawn_of or name
+        return any(fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(of, pattern) for pattern in written)
+
+    foreign = [name for name in entries if not recipes_own(name)]
     if foreign:
         raise UnsafeOutputError(
             f"{_subject(argument, path)} holds files this recipe did not write ({_describe(foreign)}); choose a new or empty "
@@ -427,7 +471,8 @@ def recover_interrupted_saves(parent: Path, is_target=None, *, held: bool = Fals
     leftover is an unfinished save, a copy already replaced or an entry being deleted (`.NAME.del-PID-HEX`, never
     restored), and is deleted. Only leftovers whose `NAME` passes
     `is_target` are touched, and (unless the caller holds `parent`'s run lock, `held`) only those of processes no
-    longer running, so a save in progress elsewhere is left alone.
+    longer running, so a save in progress elsewhere is left alone. The save lock of such a `NAME`
+    (`save_lock_file`) is removed when no process holds it.
     """
     groups: dict[str, list[tuple[str, Path]]] = {}
     for entry in Path(parent).iterdir():
@@ -452,13 +497,24 @@ def recover_interrupted_saves(parent: Path, is_target=None, *, held: bool = Fals
             else:
                 entry.unlink()
             removed.append(entry.name)
-    if not restored and not removed:
+    stale_locks = []
+    for entry in sorted(Path(parent).iterdir()):
+        target = _save_lock_target(entry.name)
+        if target is None or entry.is_symlink() or (is_target is not None and not is_target(target)):
+            continue
+        if lock_holder(entry) is None:  # no save holds it: a killed save left it (one that waits for it retries)
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+            stale_locks.append(entry.name)
+    if not restored and not removed and not stale_locks:
         return None
     done = []
     if restored:
         done.append(f"restored {', '.join(name + '/' for name in restored)} as it was before the save")
     if removed:
         done.append(f"removed {len(removed)} unfinished, replaced or discarded temporary copies ({_describe(removed)})")
+    if stale_locks:
+        done.append(f"removed the lock files it held ({_describe(stale_locks)})")
     message = f"{parent}: an earlier save was interrupted; " + "; ".join(done)
     print(message, file=sys.stderr, flush=True)
     return message
@@ -583,7 +639,7 @@ _held_locks: dict[str, FolderLock] = {}
 
 class FolderLock:
     """An exclusive `fcntl` lock on a lock file, held until `release()` or the end of the process (the kernel drops
-    it when the process dies, however it dies). Taken again by the same process, it is the same lock."""
+    it when the process dies, however it dies). `hold_lock` taken again by the same process gives the same lock."""
 
     def __init__(self, lock_file: Path, created: list[Path]):
         self.lock_file, self.created = lock_file, created
@@ -623,27 +679,53 @@ def lock_holder(lock_file: str | os.PathLike) -> str | None:
 
 
 def hold_lock(lock_file: str | os.PathLike, *, what: str) -> FolderLock:
-    """Lock `lock_file` (creating it and its missing parent folders) for this process, or refuse with
+    """Lock `lock_file` (creating it and its missing parent folders) for the rest of this process, or refuse with
     `UnsafeOutputError` naming the process that holds it. `what` names the locked thing in that message."""
-    import fcntl
-
     lock_file = Path(lock_file).absolute()
     held = _held_locks.get(str(lock_file))
     if held is not None:
         return held
-    created = [parent for parent in (lock_file.parent, *lock_file.parent.parents) if not parent.exists()]
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    lock = _take_lock(lock_file, what=what, wait=False)
+    _held_locks[str(lock_file)] = lock
+    atexit.register(lock.release)
+    return lock
+
+
+def wait_for_lock(lock_file: str | os.PathLike, *, what: str) -> FolderLock:
+    """Lock `lock_file` (creating it and its missing parent folders) until `release()`, waiting, said in one line on
+    stderr, while another process or another thread of this one holds it. The lock file, and the folders made for it,
+    are removed on release."""
+    return _take_lock(Path(lock_file).absolute(), what=what, wait=True)
+
+
+def _take_lock(lock_file: Path, *, what: str, wait: bool) -> FolderLock:
+    import fcntl
+
+    created: list[Path] = []
+    waiting_said = False
     while True:
+        # Inside the loop: the holder before us may have removed the folders it made for the lock.
+        created += [parent for parent in (lock_file.parent, *lock_file.parent.parents) if not parent.exists()]
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(descriptor, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(descriptor)
-            raise UnsafeOutputError(
-                f"{what} is in use by another run (process {holder}, which holds {lock_file}); wait for it to finish, "
-                "or choose another folder."
-            ) from None
+            if not wait:
+                os.close(descriptor)
+                raise UnsafeOutputError(
+                    f"{what} is in use by another run (process {holder}, which holds {lock_file}); wait for it to "
+                    "finish, or choose another folder."
+                ) from None
+            if not waiting_said:
+                print(f"{what}: process {holder} is writing it; waiting for it to finish", file=sys.stderr, flush=True)
+                waiting_said = True
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
+            except BaseException:  # interrupted while waiting
+                os.close(descriptor)
+                raise
         # The holder before us may have unlinked the file after we opened it: lock the file at the path, not that one.
         try:
             same = os.stat(lock_file).st_ino == os.fstat(descriptor).st_ino
@@ -656,9 +738,25 @@ def hold_lock(lock_file: str | os.PathLike, *, what: str) -> FolderLock:
     os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
     lock = FolderLock(lock_file, created)
     lock.descriptor = descriptor
-    _held_locks[str(lock_file)] = lock
-    atexit.register(lock.release)
     return lock
+
+
+# A save into a folder that replaces it as a whole (`save_hub_checkpoint`) holds `.NAME.damcha-hf-save.lock` beside it:
+# a second save of the same folder waits, and the folder is always one complete checkpoint.
+SAVE_LOCK_SUFFIX = ".damcha-hf-save.lock"
+
+
+def save_lock_file(folder: str | os.PathLike) -> Path:
+    """The lock file of saves into `folder`: beside it, since the folder itself is replaced."""
+    folder = Path(folder).absolute()
+    return folder.with_name(f".{folder.name}{SAVE_LOCK_SUFFIX}")
+
+
+def _save_lock_target(name: str) -> str | None:
+    """The folder name whose save lock `name` is, or None when `name` is no save lock."""
+    if name.startswith(".") and name.endswith(SAVE_LOCK_SUFFIX) and len(name) > len(SAVE_LOCK_SUFFIX) + 1:
+        return name[1 : -len(SAVE_LOCK_SUFFIX)]
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------- corrupt files
@@ -864,19 +962,23 @@ __all__ = [
     "atomic_write",
     "check_checkpoint_files",
     "check_checkpoint_folder",
+    "check_checkpoint_location",
     "check_run_folder",
     "earlier_run_entries",
     "hold_lock",
     "loading_checkpoint",
     "make_staging_folder",
     "new_run_id",
+    "png_text",
     "public_dataset_name",
     "read_run_record",
     "reading",
     "record_run_entry",
     "recover_interrupted_saves",
     "remove_entries",
+    "save_lock_file",
     "saved_run_id",
+    "wait_for_lock",
     "write_json",
     "write_save_record",
 ]

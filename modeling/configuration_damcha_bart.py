@@ -3,11 +3,12 @@
 from huggingface_hub.dataclasses import strict
 from transformers import BartConfig
 
-from .damcha_config import METRIC_CONTEXTS, DamchaConfigMixin
+from .damcha_config import METRIC_CONTEXTS, METRIC_FIELD_RULES, DamchaConfigMixin, choice_rule, one_line_config_errors
 
 CROSS_ATTENTION_METRICS = ("decoder", "own", "none")
 
 
+@one_line_config_errors
 @strict
 class DamchaBartConfig(DamchaConfigMixin, BartConfig):
     r"""
@@ -45,6 +46,11 @@ class DamchaBartConfig(DamchaConfigMixin, BartConfig):
 
     model_type = "damcha_bart"
     damcha_causal = True  # `metric_context` is the decoder's
+    damcha_field_rules = {
+        **METRIC_FIELD_RULES,
+        "encoder_metric_context": choice_rule(METRIC_CONTEXTS, none_means="the decoder's `metric_context`"),
+        "cross_attention_metric": choice_rule(CROSS_ATTENTION_METRICS),
+    }
 
     encoder_metric_context: str | None = None
     cross_attention_metric: str = "decoder"
@@ -56,16 +62,6 @@ class DamchaBartConfig(DamchaConfigMixin, BartConfig):
 
     def validate_encoder_decoder_options(self):
         name = type(self).__name__
-        if self.encoder_metric_context not in (None, *METRIC_CONTEXTS):
-            raise ValueError(
-                f"{name}: unknown `encoder_metric_context` {self.encoder_metric_context!r}; choose one of "
-                f"{', '.join(map(repr, METRIC_CONTEXTS))}, or None for the decoder's `metric_context`."
-            )
-        if self.cross_attention_metric not in CROSS_ATTENTION_METRICS:
-            raise ValueError(
-                f"{name}: unknown `cross_attention_metric` {self.cross_attention_metric!r}; choose one of "
-                f"{', '.join(map(repr, CROSS_ATTENTION_METRICS))}."
-            )
         if self.cross_head_variant != "none" and self.encoder_attention_heads != self.decoder_attention_heads:
             raise ValueError(
                 f"{name}: `encoder_attention_heads` ({self.encoder_attention_heads}) and `decoder_attention_heads` "

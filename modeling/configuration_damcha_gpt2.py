@@ -3,9 +3,10 @@
 from huggingface_hub.dataclasses import strict
 from transformers import GPT2Config
 
-from .damcha_config import DamchaConfigMixin
+from .damcha_config import DamchaConfigMixin, one_line_config_errors
 
 
+@one_line_config_errors
 @strict
 class DamchaGPT2Config(DamchaConfigMixin, GPT2Config):
     r"""

@@ -3,9 +3,10 @@
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
-from .damcha_config import SCORE_MIXING_VARIANT_NAMES, DamchaConfigMixin
+from .damcha_config import SCORE_MIXING_VARIANT_NAMES, DamchaConfigMixin, one_line_config_errors
 
 
+@one_line_config_errors
 @strict
 class DamchaLlamaConfig(DamchaConfigMixin, LlamaConfig):
     r"""

@@ -5,13 +5,14 @@ from collections.abc import Iterable
 from huggingface_hub.dataclasses import strict
 from transformers import ViTConfig
 
-from .damcha_config import DamchaConfigMixin
+from .damcha_config import DamchaConfigMixin, one_line_config_errors
 
 
 def _pair(size) -> tuple[int, int]:
     return tuple(size) if isinstance(size, Iterable) else (size, size)
 
 
+@one_line_config_errors
 @strict
 class DamchaViTConfig(DamchaConfigMixin, ViTConfig):
     r"""

@@ -3,8 +3,10 @@
 from huggingface_hub.dataclasses import strict
 
 from .configuration_damcha_vit import DamchaViTConfig
+from .damcha_config import FieldRule, one_line_config_errors
 
 
+@one_line_config_errors
 @strict
 class DamchaViTDenoiserConfig(DamchaViTConfig):
     r"""
@@ -24,22 +26,22 @@ class DamchaViTDenoiserConfig(DamchaViTConfig):
     """
 
     model_type = "damcha_vit_denoiser"
+    damcha_field_rules = {
+        **DamchaViTConfig.damcha_field_rules,
+        "time_embedding_size": FieldRule(
+            accepts=lambda size: isinstance(size, int) and not isinstance(size, bool) and size >= 2 and size % 2 == 0,
+            description="an even integer of at least 2 (half cosines, half sines)",
+            fix="256 is a good default",
+        ),
+        "time_max_period": FieldRule(
+            accepts=lambda period: isinstance(period, int | float) and not isinstance(period, bool) and period > 1,
+            description="a number above 1 (the longest period of the timestep features, in timesteps)",
+            fix="10000 is the usual choice",
+        ),
+    }
 
     time_embedding_size: int = 256
-    time_max_period: float = 10000.0
-
-    def validate_time_embedding(self):
-        size = self.time_embedding_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 2 or size % 2:
-            raise ValueError(
-                f"{type(self).__name__}: `time_embedding_size` must be an even integer of at least 2 (half cosines, "
-                f"half sines), got {size!r}; 256 is a good default."
-            )
-        if not self.time_max_period > 1:
-            raise ValueError(
-                f"{type(self).__name__}: `time_max_period` must be above 1 (the longest period of the timestep "
-                f"features, in timesteps), got {self.time_max_period!r}; 10000 is the usual choice."
-            )
+    time_max_period: float | int = 10000.0
 
 
 __all__ = ["DamchaViTDenoiserConfig"]

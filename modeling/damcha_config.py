@@ -7,6 +7,8 @@ Torch-free, so that the configuration files (and `--help` of the command line an
 importing the attention core. Part of the remote-code payload: imports nothing outside the standard library.
 """
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -58,41 +60,135 @@ METRIC_OPTIONS_DOCSTRING = r"""
 """
 
 
-def check_metric_options(config, *, causal: bool) -> None:
-    """Raise a `ValueError` naming the offending config field and the fix. Shared by every DAMCHA config."""
+class DamchaConfigError(ValueError):
+    """A DAMCHA config refused a value: one line naming the config class, the field, the value, what the field accepts
+    and the fix. Raised where huggingface_hub's `@strict` validation would raise its own errors (two lines, and not
+    `ValueError`s), so that `except ValueError` catches every config error."""
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    """What one config field accepts: the check, the accepted values in words, and the fix a refusal suggests."""
+
+    accepts: Callable[[object], bool]
+    description: str  # "one of 'token', 'sequence', 'query'", "a positive integer (...)"
+    fix: str
+    choices: tuple = ()  # a field of named options: refused as "unknown `field` 'x'; choose one of ..."
+
+    def refusal(self, config_name: str, field: str, value) -> str | None:
+        """The one-line message refusing `value`, or None when the field accepts it."""
+        if self.accepts(value):
+            return None
+        if self.choices:
+            return f"{config_name}: unknown `{field}` {value!r}; choose one of {self.description}."
+        return f"{config_name}: `{field}` must be {self.description}, got {value!r}; {self.fix}."
+
+
+def choice_rule(choices: tuple, *, none_means: str | None = None) -> FieldRule:
+    """A field of named options (strings); with `none_means`, None is accepted too and means that."""
+    names = ", ".join(map(repr, choices))
+    accepted = (*choices, None) if none_means else choices
+    return FieldRule(
+        accepts=lambda value: isinstance(value, str | type(None)) and value in accepted,
+        description=f"{names}, or None for {none_means}" if none_means else names,
+        fix="choose one of them",
+        choices=choices,
+    )
+
+
+def positive_int_rule(meaning: str, suggestion: str) -> FieldRule:
+    return FieldRule(
+        accepts=lambda value: isinstance(value, int) and not isinstance(value, bool) and value > 0,
+        description=f"a positive integer ({meaning})",
+        fix=suggestion,
+    )
+
+
+# Every DAMCHA field a config validates on its own, whatever the other fields say. A family adds its own fields'
+# rules to `damcha_field_rules` (BART's encoder context, the denoiser's timestep features).
+METRIC_FIELD_RULES = {
+    "cross_head_variant": choice_rule(CROSS_HEAD_VARIANTS),
+    "dcmha_rank": positive_int_rule("the rank of DCMHA's dynamic head projections", "2 is the paper's choice"),
+    "metric_hidden_size": positive_int_rule("the metric generator's hidden width", "64 is a good default"),
+    "metric_context": choice_rule(METRIC_CONTEXTS),
+    "metric_mask": choice_rule(METRIC_MASKS),
+    "metric_sharing": choice_rule(METRIC_SHARINGS),
+    "metric_form": choice_rule(METRIC_FORMS),
+}
+
+
+def check_metric_options(config, *, causal: bool, rules: dict[str, FieldRule] = METRIC_FIELD_RULES) -> None:
+    """Raise a `DamchaConfigError` naming the offending config field and the fix. Shared by every DAMCHA config."""
     name = type(config).__name__
     hidden_size, num_heads = config.hidden_size, config.num_attention_heads
     if num_heads <= 0 or hidden_size % num_heads != 0:
-        raise ValueError(
+        raise DamchaConfigError(
             f"{name}: `num_attention_heads` ({num_heads}) must divide `hidden_size` ({hidden_size}); "
             f"pick a head count that divides it, such as {_nearest_divisors(hidden_size, num_heads)}."
         )
-    if not isinstance(config.metric_hidden_size, int) or config.metric_hidden_size <= 0:
-        raise ValueError(
-            f"{name}: `metric_hidden_size` must be a positive integer (the metric generator's hidden width), "
-            f"got {config.metric_hidden_size!r}; 64 is a good default."
-        )
-    for field, allowed in (
-        ("cross_head_variant", CROSS_HEAD_VARIANTS),
-        ("metric_context", METRIC_CONTEXTS),
-        ("metric_mask", METRIC_MASKS),
-        ("metric_sharing", METRIC_SHARINGS),
-        ("metric_form", METRIC_FORMS),
-    ):
-        value = getattr(config, field, allowed[0])  # allowed[0] is the default of a field a config may lack
-        if value not in allowed:
-            raise ValueError(f"{name}: unknown `{field}` {value!r}; choose one of {', '.join(map(repr, allowed))}.")
-    dcmha_rank = getattr(config, "dcmha_rank", 2)
-    if isinstance(dcmha_rank, bool) or not isinstance(dcmha_rank, int) or dcmha_rank <= 0:
-        raise ValueError(
-            f"{name}: `dcmha_rank` must be a positive integer (the rank of DCMHA's dynamic head projections), "
-            f"got {dcmha_rank!r}; 2 is the paper's choice."
-        )
-    if causal and config.metric_context == "sequence":
-        raise ValueError(
+    for field, rule in rules.items():
+        if hasattr(config, field):  # a stock config checked for conversion lacks the fields; it takes the defaults
+            message = rule.refusal(name, field, getattr(config, field))
+            if message:
+                raise DamchaConfigError(message)
+    if causal and getattr(config, "metric_context", None) == "sequence":
+        raise DamchaConfigError(
             f"{name}: `metric_context='sequence'` averages over the whole sequence, which would let a causal "
             "model see future tokens; use `metric_context='token'` (or `'query'`) for causal models."
         )
+
+
+def one_line_config_errors(config_class):
+    """Applied over `@strict` to each DAMCHA config class: a value its validation refuses raises `DamchaConfigError`
+    (one line, a `ValueError`) instead of huggingface_hub's `StrictDataclass*ValidationError`. A DAMCHA field is also
+    checked against its rule (`damcha_field_rules`) whenever it is set, so `config.metric_mask = "diagnoal"` is refused
+    at once, with the same message as the constructor's."""
+    strict_init, strict_validate, strict_setattr = (
+        config_class.__dict__[name] for name in ("__init__", "validate", "__setattr__")
+    )
+
+    @functools.wraps(strict_init)
+    def __init__(self, *args, **kwargs):
+        try:
+            strict_init(self, *args, **kwargs)
+        except Exception as error:
+            _raise_in_one_line(error, type(self).__name__)
+            raise
+
+    @functools.wraps(strict_validate)  # keeps `__is_defined_by_strict_decorator__`: subclasses may be `@strict` too
+    def validate(self):
+        try:
+            strict_validate(self)
+        except Exception as error:
+            _raise_in_one_line(error, type(self).__name__)
+            raise
+
+    @functools.wraps(strict_setattr)
+    def __setattr__(self, name, value):
+        rule = type(self).damcha_field_rules.get(name)
+        message = rule and rule.refusal(type(self).__name__, name, value)
+        if message:
+            raise DamchaConfigError(message)
+        try:
+            strict_setattr(self, name, value)
+        except Exception as error:
+            _raise_in_one_line(error, type(self).__name__, field=name, value=value)
+            raise
+
+    config_class.__init__, config_class.validate, config_class.__setattr__ = __init__, validate, __setattr__
+    return config_class
+
+
+def _raise_in_one_line(error: Exception, config_name: str, *, field: str | None = None, value=None) -> None:
+    """Raise huggingface_hub's validation `error` as a one-line `DamchaConfigError`; return on any other error."""
+    # Matched by name: this file imports nothing outside the standard library.
+    if not type(error).__name__.startswith("StrictDataclass") or error.__cause__ is None:
+        return
+    cause = " ".join(str(error.__cause__).split())
+    if field is not None:  # huggingface_hub's type check: "Field 'x' expected int, got str (value: '1')"
+        cause = f"{cause}; give `{field}` a value of that type" if field in cause else f"`{field}`={value!r}: {cause}"
+    message = cause if cause.startswith(f"{config_name}:") else f"{config_name}: {cause}"
+    raise DamchaConfigError(message) from error.__cause__
 
 
 def _nearest_divisors(hidden_size: int, num_heads: int) -> str:
@@ -103,11 +199,13 @@ def _nearest_divisors(hidden_size: int, num_heads: int) -> str:
 @dataclass(repr=False, kw_only=True)
 class DamchaConfigMixin:
     """The DAMCHA fields, mixed in before a stock transformers config (`class DamchaGPT2Config(DamchaConfigMixin,
-    GPT2Config)`, decorated `@strict`). A family sets `model_type = "damcha_<stock model_type>"` and `damcha_causal`,
+    GPT2Config)`, decorated `@one_line_config_errors` over `@strict`). A family sets `model_type = "damcha_<stock model_type>"` and `damcha_causal`,
     and may override a field's default (ViT: `metric_context: str = "sequence"`)."""
 
     # A decoder: `metric_context="sequence"` would let it see future tokens, so it is refused.
     damcha_causal: ClassVar[bool] = True
+    # What each DAMCHA field accepts (`one_line_config_errors` checks a field whenever it is set).
+    damcha_field_rules: ClassVar[dict[str, FieldRule]] = METRIC_FIELD_RULES
 
     cross_head_variant: str = "damcha"
     dcmha_rank: int = 2
@@ -123,7 +221,7 @@ class DamchaConfigMixin:
             cls.__doc__ += METRIC_OPTIONS_DOCSTRING
 
     def validate_metric_options(self):
-        check_metric_options(self, causal=self.damcha_causal)
+        check_metric_options(self, causal=self.damcha_causal, rules=self.damcha_field_rules)
 
     @classmethod
     def stock_model_type(cls) -> str:

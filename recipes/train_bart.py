@@ -18,6 +18,7 @@ a different value is refused (naming every such flag).
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -33,18 +34,110 @@ BART_MODEL_FLAGS = {"d_model": "d_model", "layers": "encoder_layers", "heads": "
                     **{field: field for field in common.METRIC_FIELDS}}  # fmt: skip
 
 
+ROW_EXAMPLE = '{"source": "...", "target": "..."}'
+# The fewest documents the train/validation split takes (`damcha_hf.data.validation_document_count`): one held out
+# for validation, one left for training.
+MIN_DOCUMENTS = 2
+
+
 def seq2seq_data(text: str) -> str:
-    """--data: 'stdlib' or a JSON-lines file, checked while parsing."""
-    if text == "stdlib" or os.path.isfile(text):
+    """--data: 'stdlib' or a JSON-lines file of pairs, checked while parsing (`check_pairs_file`)."""
+    if text == "stdlib":
         return text
-    raise argparse.ArgumentTypeError(f'{text!r}: use \'stdlib\' or a JSON-lines file of {{"source", "target"}} rows')
+    if not os.path.exists(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} does not exist; use 'stdlib' or a JSON-lines file of {ROW_EXAMPLE} rows"
+        )
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a file; use 'stdlib' or a JSON-lines file of {ROW_EXAMPLE} rows"
+        )
+    check_pairs_file(text)
+    return text
+
+
+def json_type(value) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def check_pairs_file(path: str) -> None:
+    """Every line of a JSON-lines pairs file is an object with `source` and `target` text and, optionally, a
+    `document` (a string or an integer; in every row or none) that groups rows; the rows make at least MIN_DOCUMENTS
+    documents. The first fault is refused (`ArgumentTypeError`) in one line naming the file, the line, the field and
+    the fix. Blank lines are skipped, as the reader skips them."""
+    rows, documents, with_document = 0, set(), None
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"{path}, line {number}"
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError:
+                raise argparse.ArgumentTypeError(f"{where}: not UTF-8 text; save the file as UTF-8") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise argparse.ArgumentTypeError(
+                    f"{where}: not JSON ({error.msg}, column {error.colno}); write one JSON object per line, e.g. "
+                    f"{ROW_EXAMPLE}"
+                ) from None
+            if not isinstance(row, dict):
+                raise argparse.ArgumentTypeError(
+                    f"{where}: {json_type(row)}, not a JSON object; write one object per line, e.g. {ROW_EXAMPLE}"
+                )
+            for field in ("source", "target"):
+                if field not in row:
+                    raise argparse.ArgumentTypeError(
+                        f'{where}: no "{field}" field; every row needs "source" and "target" text, e.g. {ROW_EXAMPLE}'
+                    )
+                if not isinstance(row[field], str):
+                    shown = "" if row[field] is None else f" ({json.dumps(row[field])[:40]})"
+                    raise argparse.ArgumentTypeError(
+                        f'{where}: "{field}" is {json_type(row[field])}{shown}, not a string; write it as text, e.g. '
+                        f'"{field}": "..."'
+                    )
+                if not row[field].strip():
+                    raise argparse.ArgumentTypeError(
+                        f'{where}: "{field}" is empty; give the pair some text, or remove the row'
+                    )
+            if with_document is None:
+                with_document = "document" in row
+            if ("document" in row) != with_document:
+                raise argparse.ArgumentTypeError(
+                    f'{where}: {"a" if "document" in row else "no"} "document" field, unlike the first row; give '
+                    'every row a "document" (rows of one document stay on one side of the split), or none'
+                )
+            document = row.get("document", number)  # without the field each row is its own document
+            if isinstance(document, bool) or not isinstance(document, str | int):
+                raise argparse.ArgumentTypeError(
+                    f'{where}: "document" is {json_type(document)}; give a string or an integer naming the row\'s '
+                    "document"
+                )
+            rows += 1
+            documents.add(document)
+    if len(documents) < MIN_DOCUMENTS:
+        pairs = f"{rows} pair{'s' * (rows != 1)}"
+        if with_document:
+            found = f"{pairs} in {len(documents)} document{'s' * (len(documents) != 1)}"
+            needed = f'{MIN_DOCUMENTS} documents (distinct "document" values)'
+        else:
+            found, needed = pairs, f"{MIN_DOCUMENTS} rows (each row is its own document)"
+        raise argparse.ArgumentTypeError(
+            f"{path} holds {found}; the train/validation split needs at least {needed}: 1 held out for validation, "
+            "the rest for training"
+        )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = common.checks.ArgumentParser(description=__doc__, formatter_class=common.checks.HelpFormatter)
     group = parser.add_argument_group("data")
     group.add_argument("--data", default="stdlib", type=seq2seq_data,
-                       help="'stdlib' (default: signature -> first docstring line) or a JSON-lines file")  # fmt: skip
+                       help="'stdlib' (default: signature -> first docstring line) or a JSON-lines file of "
+                       f"{ROW_EXAMPLE} rows, with an optional \"document\" (rows of one document stay on one side of "
+                       "the split)")  # fmt: skip
     group.add_argument("--validation-fraction", type=common.checks.probability, default=0.05,
                        help="share of the documents (files) held out for validation")  # fmt: skip
     group.add_argument("--max-source-length", type=common.checks.positive_int, default=64, help="tokens")

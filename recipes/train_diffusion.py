@@ -99,10 +99,36 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
         common.checks.check_output(parser, common.safe_files.check_checkpoint_files, args.init_from)
     if args.feature_classifier:
-        if not os.path.isdir(args.feature_classifier):
-            parser.error(f"--feature-classifier {args.feature_classifier}: no such checkpoint folder")
-        common.checks.check_output(parser, common.safe_files.check_checkpoint_files, args.feature_classifier)
+        check_feature_classifier(parser, args.feature_classifier, image_size)
     return args
+
+
+# The model types and heads a --feature-classifier checkpoint may hold: a ViT (stock or DAMCHA) image classifier.
+CLASSIFIER_MODEL_TYPES = ("vit", "damcha_vit")
+CLASSIFIER_HEAD = "ForImageClassification"
+
+
+def check_feature_classifier(parser: argparse.ArgumentParser, folder: str, image_size: int) -> None:
+    """--feature-classifier is a ViT image classifier checkpoint of the run's image size, read from its config.json
+    while parsing (the channels are checked once the data are read)."""
+    fix = "it must be a ViT image classifier checkpoint, e.g. recipes/train_vit.py's final folder"
+    if not os.path.isdir(folder):
+        parser.error(f"--feature-classifier {folder}: no such checkpoint folder; {fix}")
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        parser.error(f"--feature-classifier {folder} is not a checkpoint folder (no config.json); {fix}")
+    common.checks.check_output(parser, common.safe_files.check_checkpoint_files, folder)
+    with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
+        config = json.load(handle)  # a JSON object: check_checkpoint_files read it
+    model_type, architectures = config.get("model_type"), config.get("architectures") or []
+    holds = f"a {model_type!r} model" + (f" ({', '.join(map(str, architectures))})" if architectures else "")
+    if model_type not in CLASSIFIER_MODEL_TYPES:
+        parser.error(f"--feature-classifier {folder} holds {holds}; {fix}")
+    if not any(str(name).endswith(CLASSIFIER_HEAD) for name in architectures):
+        parser.error(f"--feature-classifier {folder} holds {holds}, no image-classification head; {fix}")
+    classifier_size = config.get("image_size", 224)  # ViTConfig's default
+    if classifier_size not in (image_size, [image_size, image_size]):
+        parser.error(f"--feature-classifier {folder} takes {classifier_size}-pixel images but the data here are "
+                     f"{image_size}-pixel; train the classifier on the same data and --image-size")  # fmt: skip
 
 
 def build_model(args, channels: int, image_size: int):

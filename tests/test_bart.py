@@ -10,7 +10,6 @@ import pytest
 import torch
 import transformers
 from conftest import randomize_cross_head, tiny_bart_config
-from huggingface_hub.errors import StrictDataclassClassValidationError
 from torch import nn
 
 import damcha_hf
@@ -230,7 +229,7 @@ def test_a_right_padded_source_generates_what_it_generates_alone(variant):
     ],
 )
 def test_the_config_names_the_field_and_the_fix(options, message):
-    with pytest.raises(StrictDataclassClassValidationError, match=message):
+    with pytest.raises(ValueError, match=message):
         damcha_hf.DamchaBartConfig(**{**tiny_bart_config().to_dict(), **options})
 
 

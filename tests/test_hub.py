@@ -578,10 +578,10 @@ def test_inspect_writes_a_png_with_one_panel_per_layer(tmp_path, capsys, monkeyp
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    # By default the picture goes to the current folder, never into the checkpoint (its card shows its own).
+    # By default the picture goes beside the checkpoint, never into it (its card shows its own) nor the current folder.
     assert cli_main(["inspect", str(folder), "--data", str(data)]) == 0
-    assert (work / f"checkpoint_{hub.METRIC_HEATMAP_FILE}").read_bytes().startswith(PNG_SIGNATURE)
-    assert not (folder / hub.METRIC_HEATMAP_FILE).exists()
+    assert (tmp_path / f"checkpoint_{hub.METRIC_HEATMAP_FILE}").read_bytes().startswith(PNG_SIGNATURE)
+    assert not (folder / hub.METRIC_HEATMAP_FILE).exists() and not any(work.iterdir())
     capsys.readouterr()
     assert cli_main(["inspect", str(folder), "--data", str(data)]) == 2  # an existing picture needs --overwrite
     assert "--overwrite" in capsys.readouterr().err
@@ -590,10 +590,13 @@ def test_inspect_writes_a_png_with_one_panel_per_layer(tmp_path, capsys, monkeyp
     own.write_bytes(b"the checkpoint's own heatmap")
     assert cli_main(["inspect", str(folder), "--output", str(own)]) == 2
     assert "checkpoint's own heatmap" in capsys.readouterr().err and own.read_bytes() == b"the checkpoint's own heatmap"
+    # A file damcha-hf did not draw is never replaced, --overwrite or not; one it drew is.
+    assert cli_main(["inspect", str(folder), "--output", str(own), "--overwrite"]) == 2
+    assert "not a picture damcha-hf drew" in capsys.readouterr().err
+    assert own.read_bytes() == b"the checkpoint's own heatmap"
+    own.write_bytes((tmp_path / f"checkpoint_{hub.METRIC_HEATMAP_FILE}").read_bytes())
     assert cli_main(["inspect", str(folder), "--output", str(own), "--overwrite"]) == 0
     assert own.read_bytes().startswith(PNG_SIGNATURE)
-    assert cli_main(["inspect", str(folder), "--data", str(tmp_path / "missing.txt")]) == 2
-    assert "must be a text file" in capsys.readouterr().err
 
 
 def test_heatmap_panels_equal_layers_for_wider_stacks(tmp_path):
@@ -624,7 +627,7 @@ def test_push_completes_the_auto_map_of_a_plain_save(tmp_path, fake_hub, online)
     }
 
 
-def test_inspect_a_vit_checkpoint_on_an_image_folder(tmp_path, capsys, monkeypatch):
+def test_inspect_a_vit_checkpoint_on_an_image_folder(tmp_path, capsys):
     from test_vit import tiny_damcha_vit_config
 
     folder = tmp_path / "vit"
@@ -640,11 +643,10 @@ def test_inspect_a_vit_checkpoint_on_an_image_folder(tmp_path, capsys, monkeypat
     assert cli_main(["inspect", str(folder), "--data", str(pictures), "--output", str(tmp_path / "vit.png")]) == 0
     assert "(3 panels)" in capsys.readouterr().out
     assert (tmp_path / "vit.png").read_bytes().startswith(PNG_SIGNATURE)
-    monkeypatch.chdir(tmp_path)
     assert cli_main(["inspect", str(folder)]) == 0  # random images of the configured size
     assert (tmp_path / f"vit_{hub.METRIC_HEATMAP_FILE}").read_bytes().startswith(PNG_SIGNATURE)
-    assert cli_main(["inspect", str(folder), "--data", str(tmp_path / "vit.png")]) == 2
-    assert "must be a folder of images" in capsys.readouterr().err
+    assert cli_main(["inspect", str(folder), "--data", str(pictures / "notes.txt")]) == 2
+    assert "a vision model reads a folder of images" in capsys.readouterr().err
 
 
 def test_heatmap_colour_scale_is_set_by_the_cross_head_terms():

@@ -64,7 +64,7 @@ def test_a_quick_run_trains_scores_generations_and_saves_a_loadable_checkpoint(t
         (["--metric-context", "sequence"], "--metric-context sequence"),
         (["--model-type", "bart", "--metric-context", "query"], "--metric-context applies to damcha_bart"),
         (["--heads", "3"], "--heads 3 must divide --d-model 128"),
-        (["--data", "missing.jsonl"], "'missing.jsonl': use 'stdlib' or a JSON-lines file"),
+        (["--data", "missing.jsonl"], "'missing.jsonl' does not exist; use 'stdlib' or a JSON-lines file"),
         (["--cross-attention-metric", "shared"], "invalid choice: 'shared'"),
     ],
 )

@@ -9,7 +9,6 @@ import pytest
 import torch
 import transformers
 from conftest import randomize_cross_head
-from huggingface_hub.errors import StrictDataclassClassValidationError
 from test_remote_code import expected_auto_map, load_in_fresh_process
 
 import damcha_hf
@@ -178,12 +177,12 @@ def test_sinusoidal_features_follow_their_closed_form():
 @pytest.mark.parametrize(
     "field, value, message",
     [("time_embedding_size", 15, "`time_embedding_size` must be an even integer"),
-     ("time_max_period", 1.0, "`time_max_period` must be above 1"),
+     ("time_max_period", 1.0, "`time_max_period` must be a number above 1"),
      ("metric_context", "sideways", "unknown `metric_context`"),
      ("num_attention_heads", 5, "`num_attention_heads` \\(5\\) must divide `hidden_size`")],
 )  # fmt: skip
 def test_bad_config_fields_are_refused_by_name(field, value, message):
-    with pytest.raises(StrictDataclassClassValidationError, match=message):
+    with pytest.raises(ValueError, match=message):
         tiny_denoiser_config(**{field: value})
 
 

@@ -18,7 +18,10 @@ from ..safe_files import (
     apply_umask,
     atomic_write,
     check_checkpoint_folder,
+    check_checkpoint_location,
     make_staging_folder,
+    save_lock_file,
+    wait_for_lock,
     write_save_record,
 )
 from .model_card import TOKENIZER_SUBFOLDER, build_model_card, cross_head_variant
@@ -76,7 +79,9 @@ def save_hub_checkpoint(
 
     Everything is written into a temporary folder beside `folder`, the record last, and renamed into place, so
     `folder` is never left half-written; what a killed save leaves beside it is restored or removed by the next save
-    into `folder` (`damcha_hf.safe_files.recover_interrupted_saves`).
+    into `folder` (`damcha_hf.safe_files.recover_interrupted_saves`). Saves into one `folder` run one at a time: a
+    second one (another process or thread) waits for the first, saying so on stderr, while that one holds the lock
+    file `.NAME.damcha-hf-save.lock` beside `folder` (removed when its save ends).
     """
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -89,9 +94,15 @@ def save_hub_checkpoint(
     for name in extra_files:
         if name != os.path.basename(name) or name in ("", ".", "..") or name in CONFIG_FILES:
             raise ValueError(f"extra_files: {name!r} must be a plain file name, not a path or a config file.")
-    folder = check_checkpoint_folder(folder, argument="save_hub_checkpoint folder", replace=overwrite)
-    staging = make_staging_folder(folder)
+    argument = "save_hub_checkpoint folder"
+    folder = check_checkpoint_location(folder, argument=argument)  # refused before anything is written beside it
+    # One save at a time into `folder` (another process's or thread's waits), so that every check below sees the
+    # folder as a finished save left it, and the folder ends as one complete checkpoint.
+    lock = wait_for_lock(save_lock_file(folder), what=f"{argument} {folder}")
+    staging = None
     try:
+        check_checkpoint_folder(folder, argument=argument, replace=overwrite)
+        staging = make_staging_folder(folder)
         model.save_pretrained(staging)
         config, changed = completed_config(staging)
         if changed:
@@ -144,8 +155,11 @@ def save_hub_checkpoint(
         write_save_record(staging)  # last: a staging folder without it is an unfinished save
         replace_folder(staging, folder, overwrite=overwrite)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        lock.release()
     return folder
 
 
@@ -162,8 +176,9 @@ def fitted_to_context(tokenizer_or_processor, config):
 
 
 def replace_folder(new: Path, target: Path, *, overwrite: bool) -> None:
-    """Rename `new` to `target`. An existing `target` is checked again (it may have changed during the save: only
-    the files an earlier save recorded are replaced), moved aside, and deleted once `new` is in place."""
+    """Rename `new` to `target`, under the save lock of `target`. An existing `target` is checked again (something
+    other than a save may have changed it meanwhile: only the files an earlier save recorded are replaced), moved
+    aside, and deleted once `new` is in place."""
     if target.exists():
         check_checkpoint_folder(target, argument="save_hub_checkpoint folder", replace=overwrite)
     if not target.exists() or not any(target.iterdir()):

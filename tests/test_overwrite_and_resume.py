@@ -3,6 +3,7 @@ A with checkpoints, replaced by run B, then resumed, must continue B (or refuse,
 after A was killed mid-run or the replacement itself was cut short. Files the program did not write are refused, and a
 checkpoint past --max-steps is never trained past."""
 
+import importlib
 import json
 import shutil
 import subprocess
@@ -79,9 +80,9 @@ def dead_pid() -> int:
 
 
 def start_only(recipe, argv: list[str]):
-    """What a run does before it reads any data: parse (locking the folder), then start (`common.start_run`)."""
-    common = recipe.common
-    return common.holding_run_folder(lambda argv: common.start_run(recipe.parse_args(argv), None))(argv)
+    """What a run does before it reads any data: parse (locking the folder), then start (`run_folder.start_run`)."""
+    run_folder = importlib.import_module("run_folder")  # the recipes' module, on sys.path once a recipe is loaded
+    return run_folder.holding_run_folder(lambda argv: run_folder.start_run(recipe.parse_args(argv), None))(argv)
 
 
 def killed_mid_run(run: Path) -> None:

@@ -44,7 +44,7 @@ def recipe_refusal(name: str, argv: list[str], capsys) -> str:
 def start_run(argv: list[str], name: str = "train_gpt2"):
     """Parse as a run of the recipe does (locking --output-dir and finishing what a killed save left), then end it."""
     recipe = load_recipe(name)
-    return recipe.common.holding_run_folder(recipe.parse_args)(argv)
+    return recipe.run_folder.holding_run_folder(recipe.parse_args)(argv)
 
 
 def dead_pid() -> int:
@@ -281,7 +281,7 @@ HOLD_FOLDER = textwrap.dedent(
         print("holding", flush=True)
         sys.stdin.read()
 
-    train_gpt2.common.holding_run_folder(run)(["--output-dir", {output!r}, "--overwrite-output-dir"])
+    train_gpt2.run_folder.holding_run_folder(run)(["--output-dir", {output!r}, "--overwrite-output-dir"])
     """
 )
 

@@ -30,12 +30,12 @@ from run_folder import (
     start_run,
     train,
     trainer_resume,
-    write_json,
 )
 from text_data import build_tokenizer, language_model_data, load_language_model_corpus, use_causal_lm_loss
 
 from damcha_hf import argument_checks as checks
 from damcha_hf import safe_files
+from damcha_hf.safe_files.atomic_files import write_json
 
 __all__ = [
     "METRIC_FIELDS", "RUN_SETTINGS_FILE", "add_metric_arguments", "add_training_arguments", "attach_image_transforms",

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from damcha_hf import argument_checks as checks
-from damcha_hf import safe_files
+from damcha_hf.safe_files import atomic_files, checkpoint_checks, output_folders
 
 # What a recipe writes directly in --output-dir: Trainer / Accelerate checkpoints, the final model, the results.
 RUN_SETTINGS_FILE = "run_settings.json"  # the model settings of a run whose checkpoints do not hold its config
@@ -28,7 +28,7 @@ RUN_RESULT_FILES = ("eval_results.json", "parameter_sha256_rank*.txt", RUN_SETTI
 
 
 RUN_FOLDER_ENTRIES = ("checkpoint-*", "final", "adapter", "merged", "base", *RUN_RESULT_FILES, TRACKER_LOGS,
-                      safe_files.RUN_RECORD_FILE)  # fmt: skip
+                      output_folders.RUN_RECORD_FILE)  # fmt: skip
 
 
 RUN_FOLDER_CHECKPOINTS = ("final", "merged", "base")  # replaced as a whole by the final save
@@ -60,28 +60,28 @@ def holding_run_folder(main):
 def hold_run_folder(parser: argparse.ArgumentParser, output_dir: str) -> None:
     """One run per --output-dir: check the path (not a file, the current folder or its parents; creatable), refuse
     it while another run holds it (naming that run's process id) and, in a run (`holding_run_folder`), lock it
-    (`safe_files.hold_lock`) and finish what a killed save left in it. Under a multi-process launch only the first
+    (`atomic_files.hold_lock`) and finish what a killed save left in it. Under a multi-process launch only the first
     process does so; the others run under its lock."""
-    checks.check_output(parser, safe_files.check_run_folder, output_dir, argument="--output-dir",
+    checks.check_output(parser, output_folders.check_run_folder, output_dir, argument="--output-dir",
                         written=RUN_FOLDER_ENTRIES + LEFTOVER_ENTRIES, checkpoints=())  # fmt: skip
     if os.environ.get("RANK", "0") != "0":  # a later process of a launch: its first process holds the folder
         return
-    lock_file = os.path.join(output_dir, safe_files.RUN_LOCK_FILE)
+    lock_file = os.path.join(output_dir, output_folders.RUN_LOCK_FILE)
     if not _run_locks:
-        holder = safe_files.lock_holder(lock_file)
+        holder = atomic_files.lock_holder(lock_file)
         if holder is not None:
             parser.error(f"--output-dir {output_dir} is in use by another run (process {holder}, which holds "
                          f"{lock_file}); wait for it to finish, or choose another folder")  # fmt: skip
         return
-    lock = checks.check_output(parser, safe_files.hold_lock, lock_file, what=f"--output-dir {output_dir}")
+    lock = checks.check_output(parser, atomic_files.hold_lock, lock_file, what=f"--output-dir {output_dir}")
     _run_locks[-1].append(lock)
-    safe_files.recover_interrupted_saves(os.path.abspath(output_dir), run_folder_entry, held=True)
+    output_folders.recover_interrupted_saves(os.path.abspath(output_dir), run_folder_entry, held=True)
 
 
-# What a killed save or removal leaves in the run folder (`safe_files.recover_interrupted_saves` restores or removes
+# What a killed save or removal leaves in the run folder (`output_folders.recover_interrupted_saves` restores or removes
 # it).
 LEFTOVER_ENTRIES = tuple(
-    f".{pattern}.{kind}-[0-9]*-*" for pattern in RUN_FOLDER_ENTRIES for kind in safe_files.LEFTOVER_KINDS
+    f".{pattern}.{kind}-[0-9]*-*" for pattern in RUN_FOLDER_ENTRIES for kind in output_folders.LEFTOVER_KINDS
 )
 
 
@@ -91,9 +91,9 @@ def run_folder_entry(name: str) -> bool:
 
 def check_run_folder_contents(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """--output-dir holds only what this recipe writes; an earlier run's only with --overwrite-output-dir (which must
-    be able to remove all of it: `safe_files.earlier_run_entries`) or --resume (of that run: a checkpoint from
+    be able to remove all of it: `output_folders.earlier_run_entries`) or --resume (of that run: a checkpoint from
     elsewhere may not continue into another run's folder)."""
-    checks.check_output(parser, safe_files.check_run_folder, args.output_dir, argument="--output-dir",
+    checks.check_output(parser, output_folders.check_run_folder, args.output_dir, argument="--output-dir",
                         written=RUN_FOLDER_ENTRIES + LEFTOVER_ENTRIES, checkpoints=RUN_FOLDER_CHECKPOINTS)  # fmt: skip
     resume_here = args.resume == "latest" or (args.resume and in_folder(args.resume, args.output_dir))
     if args.overwrite_output_dir and resume_here:
@@ -102,11 +102,11 @@ def check_run_folder_contents(parser: argparse.ArgumentParser, args: argparse.Na
                      "--overwrite-output-dir removes; leave out --overwrite-output-dir to continue that run, or "
                      "--resume to replace it with a new one")  # fmt: skip
     if args.overwrite_output_dir:
-        checks.check_output(parser, safe_files.earlier_run_entries, args.output_dir, written=RUN_FOLDER_ENTRIES,
+        checks.check_output(parser, output_folders.earlier_run_entries, args.output_dir, written=RUN_FOLDER_ENTRIES,
                             files=RUN_RESULT_FILES)  # fmt: skip
         return
     earlier = os.path.isdir(args.output_dir) and any(
-        entry.name != safe_files.RUN_LOCK_FILE for entry in os.scandir(args.output_dir)
+        entry.name != output_folders.RUN_LOCK_FILE for entry in os.scandir(args.output_dir)
     )
     if not earlier:
         return
@@ -117,8 +117,8 @@ def check_run_folder_contents(parser: argparse.ArgumentParser, args: argparse.Na
             "--output-dir"
         )
     if not resume_here:
-        record = checks.check_output(parser, safe_files.read_run_record, args.output_dir)
-        stamp = checks.check_output(parser, safe_files.saved_run_id, args.resume)
+        record = checks.check_output(parser, output_folders.read_run_record, args.output_dir)
+        stamp = checks.check_output(parser, output_folders.saved_run_id, args.resume)
         if record is None or record["run_id"] != stamp:
             held = f"run {record['run_id']}" if record else "a run without a run record"
             parser.error(f"--resume {args.resume}: --output-dir {args.output_dir} holds another run ({held}), which "
@@ -167,7 +167,7 @@ def saved_model_config(checkpoint: str) -> dict:
         (run_settings, None),
     ):
         if os.path.isfile(path):
-            data = safe_files.read_json_file(path, "a model config")
+            data = checkpoint_checks.read_json_file(path, "a model config")
             data = (data.get(key, {}) if key else data) if isinstance(data, dict) else {}
             if data:
                 return data
@@ -202,7 +202,7 @@ def run_checkpoints(output_dir: str, marker: str) -> list[tuple[int, str]]:
 def not_of_run(checkpoint: str, record: dict) -> str | None:
     """Why `checkpoint`, in the folder whose run record is `record`, is not a complete save of that run (None if it
     is): a save cut short, another run's checkpoint, or one no run of the folder saved."""
-    stamp = safe_files.saved_run_id(checkpoint)
+    stamp = output_folders.saved_run_id(checkpoint)
     if stamp == record["run_id"]:
         return None
     if stamp is not None:
@@ -215,12 +215,12 @@ def not_of_run(checkpoint: str, record: dict) -> str | None:
 def resolve_resume(resume: str | None, output_dir: str, marker: str = TRAINER_STATE_FILE) -> str | None:
     """`--resume` -> a checkpoint folder (or None) of the run in `output_dir`. `latest` picks, like transformers'
     `get_last_checkpoint`, the `checkpoint-N` with the largest N, but only one holding `marker` that the folder's run
-    saved in full (its save record carries the run's id, `safe_files.RUN_RECORD_FILE`), saying in one line which it
+    saved in full (its save record carries the run's id, `output_folders.RUN_RECORD_FILE`), saying in one line which it
     skipped; in a folder without a run record (of an older damcha-hf, or a checkpoint copied in) any complete one. A
     checkpoint named in `output_dir` itself must be one of that run's too."""
     if resume is None:
         return None
-    record = safe_files.read_run_record(output_dir) if os.path.isdir(output_dir) else None
+    record = output_folders.read_run_record(output_dir) if os.path.isdir(output_dir) else None
     if resume == "latest":
         skipped = []
         for _, checkpoint in run_checkpoints(output_dir, marker):
@@ -240,7 +240,7 @@ def resolve_resume(resume: str | None, output_dir: str, marker: str = TRAINER_ST
         raise FileNotFoundError(
             f"--resume {resume!r} is not a checkpoint of this recipe (no {marker}); pass a checkpoint-N folder."
         )
-    unrecorded = safe_files.saved_files(resume) is None and os.path.basename(os.path.normpath(resume)) not in (
+    unrecorded = output_folders.saved_files(resume) is None and os.path.basename(os.path.normpath(resume)) not in (
         record["entries"] if record else ()
     )  # a checkpoint of an older damcha-hf, or copied in by hand: named, so the user's choice
     if record and in_folder(resume, output_dir) and not unrecorded:
@@ -261,7 +261,7 @@ TRAINER_RESUME_STATE = {"optimizer.pt": "optimizer state", "scheduler.pt": "lear
 
 def checkpoint_step(checkpoint: str, marker: str = TRAINER_STATE_FILE) -> int | None:
     """The optimizer step a checkpoint was saved at: the Trainer's `global_step`, the Accelerate recipe's `step`."""
-    state = safe_files.read_json_file(os.path.join(checkpoint, marker), "the training state")
+    state = checkpoint_checks.read_json_file(os.path.join(checkpoint, marker), "the training state")
     step = state.get("global_step", state.get("step")) if isinstance(state, dict) else None
     return step if isinstance(step, int) else None
 
@@ -274,7 +274,7 @@ def check_resume_state(args: argparse.Namespace, checkpoint: str | None, state: 
     to load the state (False with --resume-weights-only: the weights and the step count alone)."""
     if not checkpoint:
         return False
-    safe_files.check_checkpoint_files(checkpoint)
+    checkpoint_checks.check_checkpoint_files(checkpoint)
     step = checkpoint_step(checkpoint, marker)
     problems = []
     for pattern, what in {} if args.resume_weights_only else state.items():
@@ -283,8 +283,8 @@ def check_resume_state(args: argparse.Namespace, checkpoint: str | None, state: 
             problems.append(f"{os.path.join(checkpoint, pattern)} ({what}) is missing")
         for path in found:
             try:
-                safe_files.check_pickled_archive(path, what)
-            except safe_files.CorruptFileError as error:
+                checkpoint_checks.check_pickled_archive(path, what)
+            except checkpoint_checks.CorruptFileError as error:
                 problems.append(str(error))
     if problems:
         raise ValueError(
@@ -325,7 +325,7 @@ def trainer_resume(args: argparse.Namespace) -> tuple[str | None, bool]:
 class Run:
     """The training run a recipe makes in --output-dir (`start_run`). Its id is stamped into the save record of every
     checkpoint it saves, and each folder it writes in place is named in the folder's run record before it is written
-    (`safe_files.record_run_entry`): so --resume continues only this run's checkpoints, and --overwrite-output-dir
+    (`output_folders.record_run_entry`): so --resume continues only this run's checkpoints, and --overwrite-output-dir
     later removes only what the run wrote. Only the first process of a launch (`main`) writes the records."""
 
     def __init__(self, output_dir: str, run_id: str, *, resume: str | None, keep: int | None, main: bool = True):
@@ -334,14 +334,14 @@ class Run:
     def writing(self, folder: str) -> None:
         """Before the run writes `folder` (an entry of --output-dir) in place: name it in the run record."""
         if self.main:
-            safe_files.record_run_entry(self.output_dir, self.run_id, os.path.basename(os.path.normpath(folder)))
+            output_folders.record_run_entry(self.output_dir, self.run_id, os.path.basename(os.path.normpath(folder)))
 
     def wrote(self, folder: str) -> None:
         """Once `folder` is written: record its files with the run's id and, for a checkpoint, keep only the newest
         --save-total-limit of the run's checkpoints (`remove_old_checkpoints`)."""
         if not self.main:
             return
-        safe_files.write_save_record(folder, run_id=self.run_id)
+        output_folders.write_save_record(folder, run_id=self.run_id)
         if self.keep and os.path.basename(os.path.normpath(folder)).startswith("checkpoint-"):
             self.remove_old_checkpoints(folder)
 
@@ -350,20 +350,20 @@ class Run:
         the one just saved), each only if it holds nothing but what its save recorded. Unlike the Trainer's own
         rotation, which deletes any `checkpoint-*` folder, another run's checkpoints and a user's are never touched."""
         own = []
-        for _, checkpoint in run_checkpoints(self.output_dir, safe_files.SAVE_RECORD_FILE):
+        for _, checkpoint in run_checkpoints(self.output_dir, output_folders.SAVE_RECORD_FILE):
             try:
-                if safe_files.saved_run_id(checkpoint) == self.run_id:
+                if output_folders.saved_run_id(checkpoint) == self.run_id:
                     own.append(checkpoint)
-            except safe_files.CorruptFileError:
+            except checkpoint_checks.CorruptFileError:
                 continue
         older = [checkpoint for checkpoint in own if not os.path.samefile(checkpoint, newest)]
         for checkpoint in older[max(0, self.keep - 1) :]:
-            foreign = safe_files.foreign_entries(Path(checkpoint))
+            foreign = output_folders.foreign_entries(Path(checkpoint))
             if foreign:
                 print(f"--save-total-limit: keeping {checkpoint}, which holds files its save did not write "
                       f"({', '.join(foreign[:5])})", file=sys.stderr, flush=True)  # fmt: skip
                 continue
-            safe_files.remove_entries([checkpoint])
+            output_folders.remove_entries([checkpoint])
 
     def trainer_callback(self, trainer):
         """A `TrainerCallback` that records each checkpoint the `trainer` saves: named before the save, its files and
@@ -389,24 +389,24 @@ class Run:
 
 def start_run(args: argparse.Namespace, resume: str | None) -> Run:
     """Start the run in --output-dir, after every check and before any data is read: with --overwrite-output-dir the
-    earlier run goes, as far as its records say it wrote it (`safe_files.earlier_run_entries`, checked again; each
+    earlier run goes, as far as its records say it wrote it (`output_folders.earlier_run_entries`, checked again; each
     entry renamed aside, then deleted, so that a kill leaves nothing half-removed), said in one line. A resumed run
     keeps its id (its checkpoint's, else the folder's) and drops the saves it left unfinished; a new run gets a new
     id. Under a multi-process launch only the first process touches the folder."""
     main = os.environ.get("RANK", "0") == "0"
     output_dir = args.output_dir
     if main and args.overwrite_output_dir:
-        entries = safe_files.earlier_run_entries(output_dir, written=RUN_FOLDER_ENTRIES, files=RUN_RESULT_FILES)
+        entries = output_folders.earlier_run_entries(output_dir, written=RUN_FOLDER_ENTRIES, files=RUN_RESULT_FILES)
         if entries:
-            removed = safe_files.remove_entries(entries)
-            shown = [name for name in removed if name != safe_files.RUN_RECORD_FILE]
+            removed = output_folders.remove_entries(entries)
+            shown = [name for name in removed if name != output_folders.RUN_RECORD_FILE]
             print(f"--overwrite-output-dir: removed the earlier run in {output_dir} ({', '.join(shown) or 'its record'})",
                   flush=True)  # fmt: skip
-    record = safe_files.read_run_record(output_dir) if os.path.isdir(output_dir) else None
+    record = output_folders.read_run_record(output_dir) if os.path.isdir(output_dir) else None
     run_id = None
     if resume:
-        run_id = safe_files.saved_run_id(resume) or (record["run_id"] if record else None)
-    run = Run(output_dir, run_id or safe_files.new_run_id(), resume=resume, keep=args.save_total_limit, main=main)
+        run_id = output_folders.saved_run_id(resume) or (record["run_id"] if record else None)
+    run = Run(output_dir, run_id or output_folders.new_run_id(), resume=resume, keep=args.save_total_limit, main=main)
     if main and record and record["run_id"] == run.run_id:
         unfinished = [
             os.path.join(output_dir, name)
@@ -414,10 +414,10 @@ def start_run(args: argparse.Namespace, resume: str | None) -> Run:
             if name.startswith("checkpoint-")
             and os.path.isdir(os.path.join(output_dir, name))
             and not os.path.islink(os.path.join(output_dir, name))
-            and safe_files.saved_files(os.path.join(output_dir, name)) is None
+            and output_folders.saved_files(os.path.join(output_dir, name)) is None
         ]
         if unfinished:
-            removed = safe_files.remove_entries(unfinished)
+            removed = output_folders.remove_entries(unfinished)
             print(f"{output_dir}: removed {', '.join(removed)}, left unfinished by an interrupted save", flush=True)
     if main and args.report_to:
         run.writing(os.path.join(output_dir, TRACKER_LOGS))  # TensorBoard's logs, written all along the run
@@ -447,7 +447,7 @@ def load_resumed_weights(auto_class, resume: str, attn: str):
     legacy key names (vit.encoder.layer.N.attention.attention.*) and the Trainer's resume reads them back without
     renaming, leaving the encoder at its fresh init (plain ViT models too); from_pretrained applies the renames, and
     the Trainer then restores optimizer, scheduler, random state and data position."""
-    with safe_files.loading_checkpoint(resume, "the --resume checkpoint"):
+    with checkpoint_checks.loading_checkpoint(resume, "the --resume checkpoint"):
         return auto_class.from_pretrained(resume, attn_implementation=attn)
 
 
@@ -458,7 +458,7 @@ def print_evaluation(metrics: dict) -> None:
 
 def finish_run(args: argparse.Namespace, final: str, metrics: dict, saved_note: str = "") -> None:
     """After the final save: `<output-dir>/eval_results.json`, and the push of `final` with --push-to-hub."""
-    write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
+    atomic_files.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
     print(f"saved to {final}{saved_note}")
     push_final_model(args, final)
 
@@ -476,16 +476,13 @@ def save_final_model(model, folder: str, *, tokenizer_or_processor=None, log_his
     return folder
 
 
-def write_json(path: str, payload: dict) -> None:
-    """Write JSON atomically (temporary file, then rename)."""
-    safe_files.write_json(path, payload)
-
-
 def card_datasets(data: str) -> list[str]:
     """The model card's `datasets:` for a --data value: a local path is named by its base name only, never the
     path (a push would publish it); 'stdlib' and 'gcide' by what they are."""
     public = {"stdlib": "python-stdlib-sources", "gcide": "gcide", "fashion-mnist": "fashion_mnist"}
     if data in public:
         return [public[data]]
-    name = safe_files.public_dataset_name(data)
+    from damcha_hf.hub.file_rules import public_dataset_name
+
+    name = public_dataset_name(data)
     return [name] if name else []

@@ -11,7 +11,7 @@ import recipe_options
 import run_folder
 
 from damcha_hf import argument_checks as checks
-from damcha_hf import safe_files
+from damcha_hf.safe_files import checkpoint_checks
 
 
 def check_resume_tokenizer(args: argparse.Namespace, resume: str) -> None:
@@ -20,14 +20,14 @@ def check_resume_tokenizer(args: argparse.Namespace, resume: str) -> None:
     if "tokenizer" not in args.explicit or os.path.abspath(args.tokenizer) == os.path.abspath(resume):
         return
     path = os.path.join(resume, "tokenizer.json")
-    saved = safe_files.read_json_file(path, "a tokenizer")
+    saved = checkpoint_checks.read_json_file(path, "a tokenizer")
     merges = bool((saved.get("model") or {}).get("merges")) if isinstance(saved, dict) else False
     if args.tokenizer in ("byte", "bpe"):
         matches = merges == (args.tokenizer == "bpe")
         saved_kind = "a BPE tokenizer (with merges)" if merges else "the byte-level tokenizer"
     else:
         given = os.path.join(args.tokenizer, "tokenizer.json")
-        matches = os.path.isfile(given) and safe_files.read_json_file(given, "a tokenizer") == saved
+        matches = os.path.isfile(given) and checkpoint_checks.read_json_file(given, "a tokenizer") == saved
         saved_kind = "another tokenizer"
     if not matches:
         raise ValueError(

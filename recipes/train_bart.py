@@ -164,7 +164,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     group = parser.add_argument_group("generation (validation)")
     group.add_argument("--num-beams", type=checks.positive_int, default=1)
     recipe_options.add_training_arguments(parser, output_dir="runs/{settings}", batch_size=32, learning_rate=1e-3,
-                                  max_steps=3000, output_dir_example="runs/damcha_bart-stdlib")  # fmt: skip
+                                          max_steps=3000, output_dir_example="runs/damcha_bart-stdlib")  # fmt: skip
     args = recipe_options.parse_checked(
         parser, argv, run_name=lambda args: recipe_options.run_folder_name(args.model_type, args.data)
     )
@@ -283,8 +283,8 @@ def main(argv=None) -> dict:
     print(f"{type(model).__name__}: {model.num_parameters():,} parameters", flush=True)
 
     training_args = recipe_options.training_arguments(args, seq2seq=True, predict_with_generate=True,
-                                              generation_max_length=args.max_target_length,
-                                              generation_num_beams=args.num_beams)  # fmt: skip
+                                                      generation_max_length=args.max_target_length,
+                                                      generation_num_beams=args.num_beams)  # fmt: skip
     trainer = Seq2SeqTrainer(
         model=model,
         args=training_args,

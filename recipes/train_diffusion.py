@@ -35,7 +35,7 @@ import recipe_options
 import run_folder
 
 from damcha_hf import argument_checks as checks
-from damcha_hf import safe_files
+from damcha_hf.safe_files import atomic_files, checkpoint_checks
 
 SCHEDULE_FLAGS = {"num_train_timesteps": "num_train_timesteps", "beta_schedule": "beta_schedule"}
 BETA_SCHEDULES = ("linear", "squaredcos_cap_v2")
@@ -77,8 +77,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help="generated and held-out images the FCD compares (at most the held-out images: see "
                        "--max-eval-samples)")  # fmt: skip
     recipe_options.add_training_arguments(parser, output_dir="runs/diffusion-{settings}", batch_size=64, learning_rate=5e-4,
-                                  max_steps=4000, max_eval_samples=1000,
-                                  output_dir_example="runs/diffusion-fashion-mnist")  # fmt: skip
+                                          max_steps=4000, max_eval_samples=1000,
+                                          output_dir_example="runs/diffusion-fashion-mnist")  # fmt: skip
     args = recipe_options.parse_checked(parser, argv, run_name=lambda args: recipe_options.run_folder_name(
         args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
     if importlib.util.find_spec("diffusers") is None:
@@ -89,7 +89,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.num_samples = args.num_samples or (QUICK_NUM_SAMPLES if quick else 64)
     if not args.init_from:  # a new model: its size flags must fit together
         checks.check_heads_divide_width(parser, args.hidden_size, args.num_heads, width_flag="--hidden-size",
-                                               heads_flag="--num-heads")  # fmt: skip
+                                        heads_flag="--num-heads")  # fmt: skip
     image_data.check_image_data(parser, args.data)
     if args.data == "fashion-mnist" and not os.path.isdir(args.fashion_mnist_dir):
         parser.error(f"--fashion-mnist-dir {args.fashion_mnist_dir} does not exist: on Debian/Ubuntu `apt-get install "
@@ -102,7 +102,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.init_from:
         if not os.path.isdir(args.init_from):
             parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
-        checks.check_output(parser, safe_files.check_checkpoint_files, args.init_from)
+        checks.check_output(parser, checkpoint_checks.check_checkpoint_files, args.init_from)
     if args.feature_classifier:
         check_feature_classifier(parser, args.feature_classifier, image_size)
     return args
@@ -121,7 +121,7 @@ def check_feature_classifier(parser: argparse.ArgumentParser, folder: str, image
         parser.error(f"--feature-classifier {folder}: no such checkpoint folder; {fix}")
     if not os.path.isfile(os.path.join(folder, "config.json")):
         parser.error(f"--feature-classifier {folder} is not a checkpoint folder (no config.json); {fix}")
-    checks.check_output(parser, safe_files.check_checkpoint_files, folder)
+    checks.check_output(parser, checkpoint_checks.check_checkpoint_files, folder)
     with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
         config = json.load(handle)  # a JSON object: check_checkpoint_files read it
     model_type, architectures = config.get("model_type"), config.get("architectures") or []
@@ -142,7 +142,7 @@ def build_model(args, channels: int, image_size: int):
     import damcha_hf
 
     if args.init_from:
-        with safe_files.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
+        with checkpoint_checks.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
             model = AutoModel.from_pretrained(args.init_from, attn_implementation=args.attn,
                                               **recipe_options.metric_options(args))  # fmt: skip
         if not isinstance(model, damcha_hf.DamchaViTDenoiserModel):
@@ -201,7 +201,7 @@ def sample_grid_callback(scheduler, args):
             samples = sample_images(model, scheduler, args.num_samples, num_inference_steps=args.sample_steps,
                                     generator=evaluation_generator(), batch_size=args.batch_size)  # fmt: skip
             save_image_grid(samples, os.path.join(checkpoint, SAMPLE_GRID))
-            safe_files.atomic_write(os.path.join(checkpoint, SCHEDULER_CONFIG), scheduler_json(scheduler))
+            atomic_files.atomic_write(os.path.join(checkpoint, SCHEDULER_CONFIG), scheduler_json(scheduler))
             print(f"step {state.global_step}: samples in {os.path.join(checkpoint, SAMPLE_GRID)}", flush=True)
 
     return SampleGrid()
@@ -213,13 +213,13 @@ def scheduler_json(scheduler) -> str:
 
 def saved_schedule(checkpoint: str) -> dict:
     path = os.path.join(checkpoint, SCHEDULER_CONFIG)
-    return safe_files.read_json_file(path, "a scheduler config") if os.path.isfile(path) else {}
+    return checkpoint_checks.read_json_file(path, "a scheduler config") if os.path.isfile(path) else {}
 
 
 def load_feature_classifier(args, channels: int, image_size: int):
     from transformers import AutoModelForImageClassification
 
-    with safe_files.loading_checkpoint(args.feature_classifier, "the --feature-classifier checkpoint"):
+    with checkpoint_checks.loading_checkpoint(args.feature_classifier, "the --feature-classifier checkpoint"):
         classifier = AutoModelForImageClassification.from_pretrained(args.feature_classifier)
     config = classifier.config
     if getattr(config, "num_channels", None) != channels or getattr(config, "image_size", None) != image_size:
@@ -302,7 +302,7 @@ def main(argv=None) -> dict:
             f"(eta = 0) on the training noise schedule ({args.num_train_timesteps} steps, {args.beta_schedule} "
             "betas), from fixed start noise."}  # fmt: skip
     run_folder.save_final_model(model, final, tokenizer_or_processor=processor, log_history=trainer.state.log_history,
-                            **card)  # fmt: skip
+                                **card)  # fmt: skip
     run_folder.finish_run(args, final, metrics, saved_note=f" (samples: {os.path.join(final, SAMPLE_GRID)})")
     return metrics
 

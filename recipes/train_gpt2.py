@@ -26,7 +26,7 @@ import run_folder
 import text_data
 
 from damcha_hf import argument_checks as checks
-from damcha_hf import safe_files
+from damcha_hf.safe_files import checkpoint_checks
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model")
     recipe_options.add_metric_arguments(parser)
     recipe_options.add_training_arguments(parser, output_dir="runs/{settings}", batch_size=16, learning_rate=2e-3,
-                                  max_steps=1000)  # fmt: skip
+                                          max_steps=1000)  # fmt: skip
     args = recipe_options.parse_checked(parser, argv, run_name=text_data.language_model_run_name)
     recipe_options.check_causal_metric_context(parser, args)
     if not args.init_from:
@@ -44,7 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.init_from and not os.path.isdir(args.init_from):
         parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
     if args.init_from:  # a damaged file is named now, before any data is read
-        checks.check_output(parser, safe_files.check_checkpoint_files, args.init_from)
+        checks.check_output(parser, checkpoint_checks.check_checkpoint_files, args.init_from)
     return args
 
 
@@ -54,7 +54,7 @@ def build_model(args, tokenizer):
     from damcha_hf.data import check_tokenizer_matches_model
 
     if args.init_from:
-        with safe_files.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
+        with checkpoint_checks.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
             model = AutoModelForCausalLM.from_pretrained(args.init_from, attn_implementation=args.attn)
     else:
         model = AutoModelForCausalLM.from_config(text_data.gpt2_config(args, len(tokenizer), tokenizer))

@@ -42,7 +42,7 @@ import run_folder
 import text_data
 
 from damcha_hf import argument_checks as checks
-from damcha_hf import safe_files
+from damcha_hf.safe_files import atomic_files, checkpoint_checks
 
 STATE_FILE = "loop_state.json"
 # What `Accelerator.save_state` writes besides the weights (file pattern: what it is), checked before a resume.
@@ -56,7 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     text_data.add_gpt2_size_arguments(parser)
     recipe_options.add_metric_arguments(parser)
     recipe_options.add_training_arguments(parser, output_dir="runs/accelerate-{settings}", batch_size=16, learning_rate=2e-3,
-                                  max_steps=1000, output_dir_example="runs/accelerate-damcha_gpt2-stdlib-byte")  # fmt: skip
+                                          max_steps=1000, output_dir_example="runs/accelerate-damcha_gpt2-stdlib-byte")  # fmt: skip
     args = recipe_options.parse_checked(parser, argv, run_name=text_data.language_model_run_name)
     recipe_options.check_causal_metric_context(parser, args)
     text_data.check_new_language_model_sizes(parser, args)
@@ -188,7 +188,7 @@ def main(argv=None) -> dict:
         load_model(accelerator.unwrap_model(model), os.path.join(resume, "model.safetensors"),
                    device=str(accelerator.device))  # fmt: skip
     if resume:
-        saved = safe_files.read_json_file(os.path.join(resume, STATE_FILE), "the training state")
+        saved = checkpoint_checks.read_json_file(os.path.join(resume, STATE_FILE), "the training state")
         step, log_history = saved["step"], saved["log_history"]
         accelerator.print(f"resumed from {resume} at step {step}")
 
@@ -253,7 +253,7 @@ def main(argv=None) -> dict:
     if accelerator.is_main_process or not sharded:
         checksum = parameter_sha256(unwrapped, state_dict if sharded else None)
         os.makedirs(args.output_dir, exist_ok=True)
-        safe_files.atomic_write(
+        atomic_files.atomic_write(
             os.path.join(args.output_dir, f"parameter_sha256_rank{accelerator.process_index}.txt"), checksum + "\n"
         )
         print(f"[rank {accelerator.process_index}] parameter sha256 {checksum}", flush=True)
@@ -265,9 +265,9 @@ def main(argv=None) -> dict:
             final_model.load_state_dict(state_dict)
         final = os.path.join(args.output_dir, "final")
         run_folder.save_final_model(final_model, final, tokenizer_or_processor=tokenizer, log_history=log_history,
-                                datasets=datasets)  # fmt: skip
+                                    datasets=datasets)  # fmt: skip
         results["eval_documents"] = args.validation_documents
-        run_folder.write_json(os.path.join(args.output_dir, "eval_results.json"), results)
+        atomic_files.write_json(os.path.join(args.output_dir, "eval_results.json"), results)
         print(results)
         run_folder.push_final_model(args, final)
     accelerator.end_training()
@@ -309,7 +309,7 @@ def save_checkpoint(accelerator, tokenizer, run, step: int, log_history: list, m
     accelerator.save_state(folder)
     if accelerator.is_main_process:
         tokenizer.save_pretrained(folder)
-        run_folder.write_json(
+        atomic_files.write_json(
             os.path.join(folder, STATE_FILE), {"step": step, "log_history": log_history, "model_config": model_config}
         )
     accelerator.wait_for_everyone()

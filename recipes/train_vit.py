@@ -25,7 +25,7 @@ import recipe_options
 import run_folder
 
 from damcha_hf import argument_checks as checks
-from damcha_hf import safe_files
+from damcha_hf.safe_files import checkpoint_checks
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -35,17 +35,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model")
     recipe_options.add_metric_arguments(parser)
     recipe_options.add_training_arguments(parser, output_dir="runs/vit-{settings}", batch_size=64, learning_rate=1e-3,
-                                  max_steps=2000, max_eval_samples=2000,
-                                  output_dir_example="runs/vit-fashion-mnist")  # fmt: skip
+                                          max_steps=2000, max_eval_samples=2000,
+                                          output_dir_example="runs/vit-fashion-mnist")  # fmt: skip
     args = recipe_options.parse_checked(parser, argv, run_name=lambda args: recipe_options.run_folder_name(
         args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
     if not args.init_from:
         checks.check_heads_divide_width(parser, args.hidden_size, args.num_heads, width_flag="--hidden-size",
-                                               heads_flag="--num-heads")  # fmt: skip
+                                        heads_flag="--num-heads")  # fmt: skip
     if args.init_from and not os.path.isdir(args.init_from):
         parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
     if args.init_from:  # a damaged file is named now, before any data is read
-        checks.check_output(parser, safe_files.check_checkpoint_files, args.init_from)
+        checks.check_output(parser, checkpoint_checks.check_checkpoint_files, args.init_from)
     image_data.check_image_data(parser, args.data)
     if args.data == "fashion-mnist" and not os.path.isdir(args.fashion_mnist_dir):
         parser.error(f"--fashion-mnist-dir {args.fashion_mnist_dir} does not exist: on Debian/Ubuntu `apt-get install "
@@ -61,7 +61,7 @@ def build_model(args, labels, channels, image_size):
 
     label_maps = {"id2label": dict(enumerate(labels)), "label2id": {name: i for i, name in enumerate(labels)}}
     if args.init_from:
-        with safe_files.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
+        with checkpoint_checks.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
             return AutoModelForImageClassification.from_pretrained(
                 args.init_from, num_labels=len(labels), ignore_mismatched_sizes=True, attn_implementation=args.attn,
                 **label_maps,
@@ -118,7 +118,7 @@ def main(argv=None) -> dict:
             "heatmap_description": f"the first {len(sample['pixel_values'])} validation images of the training run",
             "eval_results": {"accuracy": metrics["eval_accuracy"]}}  # fmt: skip
     run_folder.save_final_model(trainer.model, final, tokenizer_or_processor=processor,
-                            log_history=trainer.state.log_history, **card)  # fmt: skip
+                                log_history=trainer.state.log_history, **card)  # fmt: skip
     run_folder.finish_run(args, final, metrics)
     return metrics
 

@@ -484,7 +484,10 @@ def test_mistakes_that_would_fail_after_loading_data_fail_while_parsing(tmp_path
     assert ("--metric-form scores mixes the attention score maps, which only eager attention "
                             "materialises; use --attn eager (its default) instead of --attn sdpa") in message  # fmt: skip
     scores = load_recipe("train_gpt2").parse_args(["--metric-form", "scores", *out])
-    assert scores.attn == "eager" and load_recipe("train_gpt2").recipe_options.metric_options(scores)["metric_form"] == "scores"
+    assert (
+        scores.attn == "eager"
+        and load_recipe("train_gpt2").recipe_options.metric_options(scores)["metric_form"] == "scores"
+    )
     message = parse_error("train_gpt2", ["--tokenizer", str(tmp_path / "no-tokenizer"), *out], capsys)
     assert "is not a folder; use 'byte', 'bpe' or a folder a tokenizer was saved to" in message
     loose = tmp_path / "images"

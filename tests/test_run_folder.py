@@ -545,7 +545,7 @@ def test_accelerate_resume_checks_its_state_and_can_continue_from_the_weights_al
 HOLD_DEMO_FOLDER = textwrap.dedent(
     """
     import sys
-    from damcha_hf.safe_files import hold_lock
+    from damcha_hf.safe_files.atomic_files import hold_lock
     hold_lock({lock!r}, what="demo")
     print("holding", flush=True)
     sys.stdin.read()

@@ -13,7 +13,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from ..families import DamchaFamily, family_for_model_type, family_of
 from ..metric_map import MetricMap, is_vision_model
 from ..modeling.damcha_config import TESTED_TRANSFORMERS
-from ..safe_files import public_dataset_name
+from .file_rules import public_dataset_name
 from .training_log import TrainingLog, is_number, parse_log_history
 
 # Stands for the repository id in a card written before the repository is known; `push_checkpoint` fills it in.
@@ -147,7 +147,7 @@ def build_model_card(
             table and, unless `eval_results` is given, the evaluation results.
         base_model: Hub id of the MHA checkpoint this model was converted from.
         datasets: Hub ids of the training data; the first also names the evaluation data in `model-index`. A local
-            path is reduced to its base name (see `damcha_hf.safe_files.public_dataset_name`).
+            path is reduced to its base name (see `damcha_hf.hub.file_rules.public_dataset_name`).
         eval_results: `{"loss": 2.3, "accuracy": 0.81}` (an `eval_` prefix is dropped); overrides the log's.
         images: relative paths of images written next to the card: `{"loss_curve": ..., "metric_heatmap": ...}`.
             `save_hub_checkpoint` writes both and fills this in.

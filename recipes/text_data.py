@@ -40,7 +40,7 @@ def check_resume_tokenizer(args: argparse.Namespace, resume: str) -> None:
 LANGUAGE_MODEL_TYPES = ("damcha", "damcha_gpt2", "gpt2", "damcha_llama", "llama")
 
 
-def gpt2_config(args: argparse.Namespace, vocab_size: int, tokenizer=None):
+def language_model_config(args: argparse.Namespace, vocab_size: int, tokenizer=None):
     """A new language-model config from the size and metric options: DAMCHA GPT-2 (default), plain GPT-2
     (`--model-type gpt2`), DAMCHA Llama (`--model-type damcha_llama`, grouped-query with `--n-kv-head`) or plain
     Llama (`--model-type llama`)."""

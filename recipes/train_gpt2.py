@@ -57,7 +57,7 @@ def build_model(args, tokenizer):
         with checkpoint_checks.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
             model = AutoModelForCausalLM.from_pretrained(args.init_from, attn_implementation=args.attn)
     else:
-        model = AutoModelForCausalLM.from_config(text_data.gpt2_config(args, len(tokenizer), tokenizer))
+        model = AutoModelForCausalLM.from_config(text_data.language_model_config(args, len(tokenizer), tokenizer))
     check_tokenizer_matches_model(tokenizer, model.config)
     text_data.use_causal_lm_loss(model)
     if model.config.max_position_embeddings < args.block_size:

@@ -150,7 +150,7 @@ def main(argv=None) -> dict:
         train, validation = text_data.language_model_data(args, tokenizer, corpus)
     train, validation = train.with_format("torch"), validation.with_format("torch")
 
-    model = AutoModelForCausalLM.from_config(text_data.gpt2_config(args, len(tokenizer), tokenizer))
+    model = AutoModelForCausalLM.from_config(text_data.language_model_config(args, len(tokenizer), tokenizer))
     check_tokenizer_matches_model(tokenizer, model.config)
     text_data.use_causal_lm_loss(model)
     accelerator.print(f"{type(model).__name__}: {model.num_parameters():,} parameters; {len(train)} training blocks; "

@@ -249,6 +249,19 @@ def check_checkpoint_folder(folder: str | os.PathLike, *, argument: str = "folde
     return path
 
 
+def check_output_location(path: Path, *, argument: str, file_fix: str, protected_fix: str) -> None:
+    """Refuse with `UnsafeOutputError` a file where an output folder goes (`file_fix` says what to do instead), the
+    current folder, one of its parents or the home folder (`protected_fix` says why and what to do), and a path that
+    cannot be created."""
+    if path.exists() and not path.is_dir():
+        raise UnsafeOutputError(f"{_subject(argument, path)} is a file, not a folder; {file_fix}.")
+    if path.resolve() in protected_folders():
+        raise UnsafeOutputError(
+            f"{_subject(argument, path)} is the current folder, one of its parents or the home folder{protected_fix}."
+        )
+    check_writable_location(path, argument=argument)
+
+
 def check_checkpoint_location(folder: str | os.PathLike, *, argument: str = "folder") -> Path:
     """The checks of `check_checkpoint_folder` that do not read the folder's contents: refused with
     `UnsafeOutputError` are a symbolic link, a file, the current folder, one of its parents, the home folder and a path
@@ -258,17 +271,14 @@ def check_checkpoint_location(folder: str | os.PathLike, *, argument: str = "fol
         raise UnsafeOutputError(
             f"{_subject(argument, path)} is a symbolic link; pass the folder it points to ({path.resolve()}) or a new folder."
         )
-    if path.exists() and not path.is_dir():
-        raise UnsafeOutputError(
-            f"{_subject(argument, path)} is a file, not a folder; choose a folder path that does not exist yet (e.g. "
-            f"{path.with_name(path.name + '-checkpoint')})."
-        )
-    if path.resolve() in protected_folders():
-        raise UnsafeOutputError(
-            f"{_subject(argument, path)} is the current folder, one of its parents or the home folder, which a checkpoint "
-            f"save would replace as a whole; choose a new subfolder, e.g. {path / 'damcha-checkpoint'}."
-        )
-    check_writable_location(path, argument=argument)
+    example = f" (e.g. {path.with_name(path.name + '-checkpoint')})" if path.name else ""  # `/` has no name, is no file
+    check_output_location(
+        path,
+        argument=argument,
+        file_fix="choose a folder path that does not exist yet" + example,
+        protected_fix=f", which a checkpoint save would replace as a whole; choose a new subfolder, e.g. "
+        f"{path / 'damcha-checkpoint'}",
+    )
     return path
 
 
@@ -291,16 +301,13 @@ def check_run_folder(
     """
     path = Path(folder).expanduser().absolute()
     written, checkpoints = (*written, RUN_LOCK_FILE), tuple(checkpoints)
-    if path.exists() and not path.is_dir():
-        raise UnsafeOutputError(
-            f"{_subject(argument, path)} is a file, not a folder; choose a folder path (it is created if missing)."
-        )
-    if path.resolve() in protected_folders():
-        raise UnsafeOutputError(
-            f"{_subject(argument, path)} is the current folder, one of its parents or the home folder; a run writes "
-            f"checkpoints and results into its folder, so choose a new subfolder, e.g. {path / 'runs' / 'my-run'}."
-        )
-    check_writable_location(path, argument=argument)
+    check_output_location(
+        path,
+        argument=argument,
+        file_fix="choose a folder path (it is created if missing)",
+        protected_fix=f"; a run writes checkpoints and results into its folder, so choose a new subfolder, e.g. "
+        f"{path / 'runs' / 'my-run'}",
+    )
     if not path.is_dir():
         return path
     entries = sorted(entry.name for entry in path.iterdir())

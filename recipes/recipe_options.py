@@ -194,8 +194,6 @@ def check_report_to(args: argparse.Namespace, *, accelerate: bool = False) -> No
 # A run with fewer steps is a smoke test: one evaluation (of at most QUICK_RUN_EVAL_SAMPLES, unless
 # --max-eval-samples is given) and one checkpoint, at the end.
 QUICK_RUN_STEPS = 100
-
-
 QUICK_RUN_EVAL_SAMPLES = 64
 
 

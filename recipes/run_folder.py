@@ -18,21 +18,13 @@ from damcha_hf.safe_files import atomic_files, checkpoint_checks, output_folders
 
 # What a recipe writes directly in --output-dir: Trainer / Accelerate checkpoints, the final model, the results.
 RUN_SETTINGS_FILE = "run_settings.json"  # the model settings of a run whose checkpoints do not hold its config
-
-
 TRACKER_LOGS = "runs"  # TensorBoard's logs with --report-to tensorboard (the Trainer's place; the Accelerate recipe's)
-
 
 # The results a run writes whole, by these names: an earlier run's are replaced by name.
 RUN_RESULT_FILES = ("eval_results.json", "parameter_sha256_rank*.txt", RUN_SETTINGS_FILE)
-
-
 RUN_FOLDER_ENTRIES = ("checkpoint-*", "final", "adapter", "merged", "base", *RUN_RESULT_FILES, TRACKER_LOGS,
                       output_folders.RUN_RECORD_FILE)  # fmt: skip
-
-
 RUN_FOLDER_CHECKPOINTS = ("final", "merged", "base")  # replaced as a whole by the final save
-
 
 # The --output-dir locks of the recipe runs in progress in this process, one list per `holding_run_folder` call.
 _run_locks: list[list] = []

@@ -124,8 +124,6 @@ def add_gpt2_size_arguments(parser: argparse.ArgumentParser) -> None:
 # Flags of a new language model and the config fields they set: checked against the checkpoint on --resume.
 GPT2_MODEL_FLAGS = {"n_layer": "n_layer", "n_embd": "n_embd", "n_head": "n_head", "block_size": "n_positions",
                     **{field: field for field in recipe_options.METRIC_FIELDS}}  # fmt: skip
-
-
 LLAMA_MODEL_FLAGS = {"n_layer": "num_hidden_layers", "n_embd": "hidden_size", "n_head": "num_attention_heads",
                      "n_kv_head": "num_key_value_heads", "block_size": "max_position_embeddings",
                      **{field: field for field in recipe_options.METRIC_FIELDS}}  # fmt: skip
@@ -211,8 +209,6 @@ def build_tokenizer(args: argparse.Namespace, corpus):
 
 # Bytes per token assumed when sizing the text a run reads: exact for the byte-level tokenizer, generous for BPE.
 BYTES_PER_TOKEN = {"byte": 1}
-
-
 BPE_BYTES_PER_TOKEN = 4
 
 

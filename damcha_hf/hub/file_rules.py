@@ -8,17 +8,9 @@ from pathlib import Path
 
 # The files of a checkpoint a push uploads (`damcha_hf.hub.upload_plan`), besides the weights and the model code.
 CARD_FILE = "README.md"
-
-
 LOSS_CURVE_FILE = "loss_curve.png"
-
-
 SAMPLE_GRID_FILE = "sample_grid.png"
-
-
 CONFIG_FILES = ("config.json", "generation_config.json")
-
-
 PREPROCESSOR_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",

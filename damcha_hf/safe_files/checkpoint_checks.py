@@ -36,7 +36,6 @@ def plain_file_name(name: str) -> bool:
 SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
                            "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}  # fmt: skip
 
-
 # A larger header is not one safetensors writes (its own reader refuses headers over 100 MB).
 SAFETENSORS_MAX_HEADER = 100_000_000
 
@@ -144,22 +143,15 @@ def check_checkpoint_files(folder: str | os.PathLike) -> None:
 # Exceptions that loading a damaged file raises in the libraries (by name: safetensors' and pickle's are not
 # OSErrors, and torch and transformers report a damaged archive or a tensor of the wrong shape as a RuntimeError).
 _LOADING_ERRORS = ("SafetensorError", "UnpicklingError", "HeaderTooLarge", "EOFError", "BadZipFile")
-
-
 _LOADING_MESSAGES = ("size mismatch", "PytorchStreamReader", "invalid load key", "Error(s) in loading state_dict",
                      "ignore_mismatched_sizes", "incomplete metadata")  # fmt: skip
 
-
 # transformers logs a table of mismatched tensors before raising: kept back, and its first row made the message.
 _LOADING_REPORT_LOGGER = "transformers.modeling_utils"
-
-
 _MISMATCH_ROW = re.compile(
     r"(?P<key>[\w.]+)\s*\|\s*MISMATCH\s*\|.*?ckpt:\s*torch\.Size\((?P<saved>\[[^\]]*\])\)\s*vs\s*model:\s*"
     r"torch\.Size\((?P<model>\[[^\]]*\])\)"
 )
-
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

@@ -39,15 +39,11 @@ from .checkpoint_checks import CorruptFileError, plain_file_name, read_json_file
 # The heatmap of the learned metric drawn of a checkpoint: by a save inside it, by `damcha-hf inspect` beside it.
 METRIC_HEATMAP_FILE = "metric_heatmap.png"
 
-
 # The model_type prefix of this plugin's configs: a folder is "an earlier checkpoint of this plugin" only with it.
 MODEL_TYPE_PREFIX = "damcha_"
 
-
 # The `Software` text of the pictures this plugin draws (`png_text`): a picture that lacks it is never replaced.
 PNG_SOFTWARE = "damcha-hf"
-
-
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -336,8 +332,6 @@ def check_run_folder(
 # while a new one takes its place (`.NAME.old-PID-HEX`), and of an entry moved aside to be deleted
 # (`.NAME.del-PID-HEX`, `remove_entries`).
 LEFTOVER_KINDS = ("tmp", "old", "del")
-
-
 _LEFTOVER = re.compile(r"\.(?P<target>.+)\.(?P<kind>tmp|old|del)-(?P<pid>\d+)-[0-9a-f]{8}")
 
 
@@ -521,8 +515,6 @@ def remove_entries(entries: Iterable[str | os.PathLike]) -> list[str]:
 
 
 RUN_LOCK_FILE = ".damcha-hf-run.lock"
-
-
 __all__ = [
     "METRIC_HEATMAP_FILE",
     "RUN_LOCK_FILE",

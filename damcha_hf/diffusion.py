@@ -228,7 +228,7 @@ def image_grid_png(images: torch.Tensor, columns: int | None = None, padding: in
 
 def save_image_grid(images: torch.Tensor, path: str | os.PathLike, columns: int | None = None) -> str:
     """Write `image_grid_png(images, columns)` to `path` atomically (a temporary file, then a rename)."""
-    from .safe_files import atomic_write
+    from .safe_files.atomic_files import atomic_write
 
     atomic_write(path, image_grid_png(images, columns))
     return os.fspath(path)

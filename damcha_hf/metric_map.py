@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .safe_files import PNG_SOFTWARE, atomic_path
+from .safe_files import PNG_SOFTWARE
+from .safe_files.atomic_files import atomic_path
 
 METRIC_MODULE_NAME = "CrossHeadMetric"  # matched by name: remote-code models define their own copy of the class
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")

@@ -79,12 +79,6 @@ def register_models() -> None:
             model_class.register_for_auto_class(auto_class.__name__)
 
 
-def register_auto_classes() -> None:
-    """Register the configs and the models now (this imports torch and transformers)."""
-    register_configs()
-    register_models()
-
-
 class _LoaderThenReport(importlib.abc.Loader):
     """A module's own loader, reporting to `watcher` once the module has run."""
 

@@ -8,10 +8,8 @@ them when called. The statistics need scipy (`pip install -e ".[experiments]"` i
 
 from __future__ import annotations
 
-import os
 import platform
 import statistics
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -276,25 +274,12 @@ def median(values):
     return statistics.median(values) if values else float("nan")
 
 
-def write_json_atomic(path: str, payload) -> None:
-    """Write to a temporary file in the same folder and rename, so no half-written file is ever left."""
-    from damcha_hf.safe_files import write_json
-
-    write_json(path, payload, indent=2)
-
-
 def save_figure_atomic(figure, path: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, suffix=".png")
-    os.close(handle)
-    try:
-        figure.savefig(temporary, dpi=110, bbox_inches="tight")
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    """`figure.savefig` as a PNG, written under a temporary name and renamed onto `path` (`atomic_path`)."""
+    from damcha_hf.safe_files.atomic_files import atomic_path
+
+    with atomic_path(path) as temporary:
+        figure.savefig(temporary, format="png", dpi=110, bbox_inches="tight")
 
 
 def format_table(headers: list[str], rows: list[list]) -> str:

@@ -21,7 +21,8 @@ import time
 # The repository root, so that `experiments.common` imports when run as `python experiments/construction.py`.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import bootstrap_median_interval, interval_verdict, write_json_atomic  # noqa: E402
+from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
+from experiments.common import bootstrap_median_interval, interval_verdict  # noqa: E402
 
 MEMORY_PROBE = """
 import os, resource, sys, torch
@@ -129,7 +130,7 @@ def main(argv=None) -> dict:
             print(f"{name}: DAMCHA / stock = {figure['ratio']:.3f}{shown} over {figure['rounds']} paired rounds: "
                   f"{figure['verdict']}")  # fmt: skip
     if args.json:
-        write_json_atomic(args.json, figures)
+        write_json(args.json, figures)
     return figures
 
 

@@ -28,7 +28,8 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPOSITORY)
 sys.path.insert(0, os.path.join(REPOSITORY, "recipes"))
 
-from experiments.common import format_table, paired_statistics, write_json_atomic  # noqa: E402  (torch-free)
+from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
+from experiments.common import format_table, paired_statistics  # noqa: E402  (torch-free)
 
 METHODS = {  # name -> the recipe's attention flags
     "MHA": ["--cross-head-variant", "none"],
@@ -197,7 +198,7 @@ def side_by_side(records: dict, seed: int, path: str) -> None:
     """The methods' final sample grids of one seed (the same start noise), left to right, in one PNG."""
     from PIL import Image
 
-    from damcha_hf.safe_files import atomic_path
+    from damcha_hf.safe_files.atomic_files import atomic_path
 
     grids = [Image.open(os.path.join(by_seed[seed]["folder"], "final", "sample_grid.png")).convert("L")
              for by_seed in records.values() if seed in by_seed]  # fmt: skip
@@ -225,7 +226,7 @@ def main(argv=None) -> dict:
                            "recipe_args": args.recipe_args},
                        "runs": {m: {str(s): r for s, r in by_seed.items()} for m, by_seed in records.items()},
                        "summary": summarize(records)}  # fmt: skip
-            write_json_atomic(args.out, payload)
+            write_json(args.out, payload)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     for seed in args.seeds:
         side_by_side(records, seed, os.path.join(out_dir, f"samples_seed{seed}.png"))

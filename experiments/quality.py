@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from damcha_hf import data_sources  # noqa: E402  (standard library only)
 from damcha_hf.argument_checks import ArgumentParser  # noqa: E402
+from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
 from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     CONFIDENCE,
     Row,
@@ -59,7 +60,6 @@ from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     vit_config_kwargs,
     vit_rows,
     wrapped,
-    write_json_atomic,
 )
 
 MB = 1_000_000
@@ -828,7 +828,7 @@ RUN_SETTINGS_IGNORED = {
 def write_report(report: dict, out_dir: str, prefix: str, overwrite: bool, plots: bool) -> dict:
     json_path = os.path.join(out_dir, f"{prefix}.json")
     refuse_to_overwrite(json_path, overwrite)
-    write_json_atomic(json_path, report)
+    write_json(json_path, report)
     print("wrote:\n" + "\n".join(f"  {path}" for path in [json_path] + (plot(report, out_dir, prefix)
                                                                      if plots and "results" in report else [])))  # fmt: skip
     return report
@@ -982,7 +982,7 @@ def main(argv=None):
     def save_partial(task_name, task_results):
         # after every trained model, so a run stopped early still leaves every finished record on disk
         results[task_name] = task_results
-        write_json_atomic(json_path, report_of(finished=False))
+        write_json(json_path, report_of(finished=False))
 
     run = run_upcycle if args.upcycle else run_task
     for name, make_task in (("lm", lm_task), ("vit", vit_task)):

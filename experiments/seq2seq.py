@@ -22,7 +22,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from experiments.common import format_table, paired_statistics, write_json_atomic  # noqa: E402
+from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
+from experiments.common import format_table, paired_statistics  # noqa: E402
 
 RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes", "train_bart.py")
 ROWS = {
@@ -95,7 +96,7 @@ def summarize(folder: str, prefix: str) -> dict:
     print(format_table(headers, table))
     print()
     print(format_table(["difference", "seeds", *MEASURES.values()], differences))
-    write_json_atomic(os.path.join(folder, f"{prefix}.json"), summary)
+    write_json(os.path.join(folder, f"{prefix}.json"), summary)
     return summary
 
 

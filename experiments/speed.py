@@ -45,6 +45,7 @@ import time
 # The repository root, so that `experiments.common` imports when run as `python experiments/<script>.py`.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
 from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     GPT2_CONTEXTS,
     LLAMA_CONTEXTS,
@@ -64,7 +65,6 @@ from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     vit_config_kwargs,
     vit_rows,
     wrapped,
-    write_json_atomic,
 )
 
 PARTS = ("train", "memory", "generate", "decode", "compiled")
@@ -708,7 +708,7 @@ def main(argv=None):
         report["shapes"].append({"title": title, "table": print_table(title, results), "results": results})
 
     if args.json:
-        write_json_atomic(args.json, report)
+        write_json(args.json, report)
         print(f"\nwrote {args.json}")
     return report
 

@@ -24,14 +24,18 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common  # standard library only: torch and transformers are imported after the arguments are parsed
+import recipe_options  # standard library only: torch and transformers are imported after the arguments are parsed
+import run_folder
+
+from damcha_hf import argument_checks as checks
+from damcha_hf.modeling import damcha_config as options
 
 MODEL_TYPES = ("damcha_bart", "bart")
 # Flags of a new model and the config fields they set: checked against the checkpoint on --resume.
 BART_MODEL_FLAGS = {"d_model": "d_model", "layers": "encoder_layers", "heads": "encoder_attention_heads",
                     "ffn_dim": "encoder_ffn_dim", "encoder_metric_context": "encoder_metric_context",
                     "cross_attention_metric": "cross_attention_metric",
-                    **{field: field for field in common.METRIC_FIELDS}}  # fmt: skip
+                    **{field: field for field in recipe_options.METRIC_FIELDS}}  # fmt: skip
 
 
 ROW_EXAMPLE = '{"source": "...", "target": "..."}'
@@ -132,37 +136,39 @@ def check_pairs_file(path: str) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=common.checks.HelpFormatter)
+    parser = checks.ArgumentParser(description=__doc__, formatter_class=checks.HelpFormatter)
     group = parser.add_argument_group("data")
     group.add_argument("--data", default="stdlib", type=seq2seq_data,
                        help="'stdlib' (default: signature -> first docstring line) or a JSON-lines file of "
                        f"{ROW_EXAMPLE} rows, with an optional \"document\" (rows of one document stay on one side of "
                        "the split)")  # fmt: skip
-    group.add_argument("--validation-fraction", type=common.checks.probability, default=0.05,
+    group.add_argument("--validation-fraction", type=checks.probability, default=0.05,
                        help="share of the documents (files) held out for validation")  # fmt: skip
-    group.add_argument("--max-source-length", type=common.checks.positive_int, default=64, help="tokens")
-    group.add_argument("--max-target-length", type=common.checks.positive_int, default=32, help="tokens")
-    group.add_argument("--bpe-vocab-size", type=common.checks.positive_int, default=2048,
+    group.add_argument("--max-source-length", type=checks.positive_int, default=64, help="tokens")
+    group.add_argument("--max-target-length", type=checks.positive_int, default=32, help="tokens")
+    group.add_argument("--bpe-vocab-size", type=checks.positive_int, default=2048,
                        help="size of the byte-level BPE tokenizer trained on the training pairs")  # fmt: skip
     group = parser.add_argument_group("model (new models)")
     group.add_argument("--model-type", choices=MODEL_TYPES, default="damcha_bart",
                        help="damcha_bart, or bart: stock BART, the multi-head-attention baseline")  # fmt: skip
-    group.add_argument("--d-model", type=common.checks.positive_int, default=128)
-    group.add_argument("--layers", type=common.checks.positive_int, default=2, help="encoder and decoder layers each")
-    group.add_argument("--heads", type=common.checks.positive_int, default=4, help="must divide --d-model")
-    group.add_argument("--ffn-dim", type=common.checks.positive_int, default=512)
-    common.add_metric_arguments(parser)
+    group.add_argument("--d-model", type=checks.positive_int, default=128)
+    group.add_argument("--layers", type=checks.positive_int, default=2, help="encoder and decoder layers each")
+    group.add_argument("--heads", type=checks.positive_int, default=4, help="must divide --d-model")
+    group.add_argument("--ffn-dim", type=checks.positive_int, default=512)
+    recipe_options.add_metric_arguments(parser)
     group = parser.add_argument_group("DAMCHA in the encoder-decoder (defaults: the config's)")
-    group.add_argument("--encoder-metric-context", choices=common.options.METRIC_CONTEXTS,
+    group.add_argument("--encoder-metric-context", choices=options.METRIC_CONTEXTS,
                        help="the encoder's context (default: --metric-context; 'sequence' is allowed here)")  # fmt: skip
     group.add_argument("--cross-attention-metric", choices=("decoder", "own", "none"),
                        help="the cross-attention's generator: the decoder's, its own, or none (plain attention)")  # fmt: skip
     group = parser.add_argument_group("generation (validation)")
-    group.add_argument("--num-beams", type=common.checks.positive_int, default=1)
-    common.add_training_arguments(parser, output_dir="runs/{settings}", batch_size=32, learning_rate=1e-3,
-                                  max_steps=3000, output_dir_example="runs/damcha_bart-stdlib")  # fmt: skip
-    args = common.parse_checked(parser, argv, run_name=lambda args: common.run_folder_name(args.model_type, args.data))
-    common.check_causal_metric_context(parser, args)  # the decoder is causal; the encoder has its own flag
+    group.add_argument("--num-beams", type=checks.positive_int, default=1)
+    recipe_options.add_training_arguments(parser, output_dir="runs/{settings}", batch_size=32, learning_rate=1e-3,
+                                          max_steps=3000, output_dir_example="runs/damcha_bart-stdlib")  # fmt: skip
+    args = recipe_options.parse_checked(
+        parser, argv, run_name=lambda args: recipe_options.run_folder_name(args.model_type, args.data)
+    )
+    recipe_options.check_causal_metric_context(parser, args)  # the decoder is causal; the encoder has its own flag
     if args.d_model % args.heads:
         parser.error(f"--heads {args.heads} must divide --d-model {args.d_model}")
     damcha_only = [flag for flag in ("metric_context", "metric_form", "cross_head_variant", "encoder_metric_context",
@@ -199,7 +205,7 @@ def bart_config(args, tokenizer):
         return BartConfig(**shape)
     extra = {flag: getattr(args, flag) for flag in ("encoder_metric_context", "cross_attention_metric")
              if getattr(args, flag) is not None}  # fmt: skip
-    return DamchaBartConfig(**shape, **common.metric_options(args), **extra)
+    return DamchaBartConfig(**shape, **recipe_options.metric_options(args), **extra)
 
 
 def tokenized_pairs(args, tokenizer, pairs):
@@ -236,14 +242,14 @@ def generation_metrics(tokenizer):
     return compute
 
 
-@common.holding_run_folder
+@run_folder.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    resume, load_state = common.trainer_resume(args)
+    resume, load_state = run_folder.trainer_resume(args)
     if resume:
-        common.check_resume_settings(args, resume, BART_MODEL_FLAGS, common.saved_model_config(resume))
-    common.check_push(args)
-    run = common.start_run(args, resume)
+        run_folder.check_resume_settings(args, resume, BART_MODEL_FLAGS, run_folder.saved_model_config(resume))
+    recipe_options.check_push(args)
+    run = run_folder.start_run(args, resume)
 
     from transformers import AutoModelForSeq2SeqLM, DataCollatorForSeq2Seq, Seq2SeqTrainer, set_seed
 
@@ -251,7 +257,7 @@ def main(argv=None) -> dict:
 
     set_seed(args.seed)
     needed = args.max_steps * args.batch_size * args.gradient_accumulation_steps
-    quick = args.max_steps < common.QUICK_RUN_STEPS
+    quick = args.max_steps < recipe_options.QUICK_RUN_STEPS
     print(f"reading --data {args.data} pairs...", flush=True)
     pairs = load_seq2seq_pairs(args.data, validation_fraction=args.validation_fraction, seed=args.seed,
                                max_train_pairs=needed if quick else None)  # fmt: skip
@@ -276,9 +282,9 @@ def main(argv=None) -> dict:
     model.generation_config.num_beams = args.num_beams
     print(f"{type(model).__name__}: {model.num_parameters():,} parameters", flush=True)
 
-    training_args = common.training_arguments(args, seq2seq=True, predict_with_generate=True,
-                                              generation_max_length=args.max_target_length,
-                                              generation_num_beams=args.num_beams)  # fmt: skip
+    training_args = recipe_options.training_arguments(args, seq2seq=True, predict_with_generate=True,
+                                                      generation_max_length=args.max_target_length,
+                                                      generation_num_beams=args.num_beams)  # fmt: skip
     trainer = Seq2SeqTrainer(
         model=model,
         args=training_args,
@@ -288,11 +294,11 @@ def main(argv=None) -> dict:
         processing_class=tokenizer,
         compute_metrics=generation_metrics(tokenizer),
     )
-    train_result = common.train(trainer, run, load_state)
+    train_result = run_folder.train(trainer, run, load_state)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss,
                    eval_pairs=len(validation_pairs), eval_documents=documents)  # fmt: skip
-    common.print_evaluation(metrics)
+    run_folder.print_evaluation(metrics)
 
     sample = validation_pairs[0]
     inputs = tokenizer(sample["source"], return_tensors="pt").to(trainer.model.device)
@@ -302,18 +308,18 @@ def main(argv=None) -> dict:
 
     final = os.path.join(args.output_dir, "final")
     covered = f"{len(validation_pairs)} pairs{covers}"
-    common.save_final_model(
+    run_folder.save_final_model(
         trainer.model,
         final,
         tokenizer_or_processor=tokenizer,
         log_history=trainer.state.log_history,
-        datasets=common.card_datasets(args.data),
+        datasets=run_folder.card_datasets(args.data),
         notes=[f"Validation figures: {covered}, none of them seen in training; BLEU and chrF by sacrebleu, ROUGE F1 "
                "by rouge-score, of greedy generations" + (f" ({args.num_beams} beams)" if args.num_beams > 1 else "")],
     )  # fmt: skip
-    common.finish_run(args, final, metrics)
+    run_folder.finish_run(args, final, metrics)
     return metrics
 
 
 if __name__ == "__main__":
-    common.run_recipe(main)
+    recipe_options.run_recipe(main)

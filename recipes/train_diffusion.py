@@ -30,7 +30,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common  # standard library only: torch, transformers and diffusers are imported after the arguments are parsed
+import image_data  # standard library only: torch, transformers and diffusers are imported after the arguments are parsed
+import recipe_options
+import run_folder
+
+from damcha_hf import argument_checks as checks
+from damcha_hf.safe_files import atomic_files, checkpoint_checks
 
 SCHEDULE_FLAGS = {"num_train_timesteps": "num_train_timesteps", "beta_schedule": "beta_schedule"}
 BETA_SCHEDULES = ("linear", "squaredcos_cap_v2")
@@ -43,49 +48,49 @@ QUICK_SAMPLE_STEPS, QUICK_NUM_SAMPLES = 10, 16
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=common.checks.HelpFormatter)
-    common.add_image_data_arguments(parser)
+    parser = checks.ArgumentParser(description=__doc__, formatter_class=checks.HelpFormatter)
+    image_data.add_image_data_arguments(parser)
     # Random crops would teach the model the crops' reflected borders: a denoiser is augmented by flips only.
     parser._option_string_actions["--no-augment"].help = "no random left-right flips of training images"
-    common.add_vit_size_arguments(parser)
+    image_data.add_vit_size_arguments(parser)
     parser.add_argument("--init-from", help="start from this denoiser checkpoint folder instead of a new model (its "
                         "size; the --metric-* and --cross-head-variant flags given still apply: every variant starts "
                         "as the checkpoint's function)")  # fmt: skip
-    common.add_metric_arguments(parser)
+    recipe_options.add_metric_arguments(parser)
     group = parser.add_argument_group("diffusion")
-    group.add_argument("--num-train-timesteps", type=common.checks.positive_int, default=1000,
+    group.add_argument("--num-train-timesteps", type=checks.positive_int, default=1000,
                        help="steps of the DDPM noise schedule")  # fmt: skip
     group.add_argument("--beta-schedule", choices=BETA_SCHEDULES, default="linear",
                        help="linear (DDPM's betas, 1e-4 to 0.02) or squaredcos_cap_v2 (the cosine schedule)")  # fmt: skip
-    group.add_argument("--sample-steps", type=common.checks.positive_int,
+    group.add_argument("--sample-steps", type=checks.positive_int,
                        help=f"DDIM steps per sample, for the grids and the FCD (default: 50; {QUICK_SAMPLE_STEPS} in a "
-                       f"quick run, under {common.QUICK_RUN_STEPS} steps)")  # fmt: skip
+                       f"quick run, under {recipe_options.QUICK_RUN_STEPS} steps)")  # fmt: skip
     group.add_argument(
         "--num-samples",
-        type=common.checks.positive_int,
+        type=checks.positive_int,
         help=f"images in each sample grid (default: 64; {QUICK_NUM_SAMPLES} in a quick run)",
     )
     group.add_argument("--feature-classifier",
                        help="a ViT image classifier checkpoint folder trained on the same data (e.g. train_vit.py's "
                        "final folder): report the Fréchet classifier distance in its feature space")  # fmt: skip
-    group.add_argument("--fcd-samples", type=common.checks.positive_int, default=1000,
+    group.add_argument("--fcd-samples", type=checks.positive_int, default=1000,
                        help="generated and held-out images the FCD compares (at most the held-out images: see "
                        "--max-eval-samples)")  # fmt: skip
-    common.add_training_arguments(parser, output_dir="runs/diffusion-{settings}", batch_size=64, learning_rate=5e-4,
-                                  max_steps=4000, max_eval_samples=1000,
-                                  output_dir_example="runs/diffusion-fashion-mnist")  # fmt: skip
-    args = common.parse_checked(parser, argv, run_name=lambda args: common.run_folder_name(
+    recipe_options.add_training_arguments(parser, output_dir="runs/diffusion-{settings}", batch_size=64, learning_rate=5e-4,
+                                          max_steps=4000, max_eval_samples=1000,
+                                          output_dir_example="runs/diffusion-fashion-mnist")  # fmt: skip
+    args = recipe_options.parse_checked(parser, argv, run_name=lambda args: recipe_options.run_folder_name(
         args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
     if importlib.util.find_spec("diffusers") is None:
         parser.error("diffusers is not installed (its DDPM and DDIM schedulers drive the training and sampling); "
                      "install it with `pip install damcha-hf[diffusion]`")  # fmt: skip
-    quick = args.max_steps < common.QUICK_RUN_STEPS  # a smoke test: small grids, few sampling steps
+    quick = args.max_steps < recipe_options.QUICK_RUN_STEPS  # a smoke test: small grids, few sampling steps
     args.sample_steps = args.sample_steps or (QUICK_SAMPLE_STEPS if quick else 50)
     args.num_samples = args.num_samples or (QUICK_NUM_SAMPLES if quick else 64)
     if not args.init_from:  # a new model: its size flags must fit together
-        common.checks.check_heads_divide_width(parser, args.hidden_size, args.num_heads, width_flag="--hidden-size",
-                                               heads_flag="--num-heads")  # fmt: skip
-    common.check_image_data(parser, args.data)
+        checks.check_heads_divide_width(parser, args.hidden_size, args.num_heads, width_flag="--hidden-size",
+                                        heads_flag="--num-heads")  # fmt: skip
+    image_data.check_image_data(parser, args.data)
     if args.data == "fashion-mnist" and not os.path.isdir(args.fashion_mnist_dir):
         parser.error(f"--fashion-mnist-dir {args.fashion_mnist_dir} does not exist: on Debian/Ubuntu `apt-get install "
                      "dataset-fashion-mnist` puts the idx files in /usr/share/datasets/fashion-mnist; or pass the "
@@ -97,7 +102,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.init_from:
         if not os.path.isdir(args.init_from):
             parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
-        common.checks.check_output(parser, common.safe_files.check_checkpoint_files, args.init_from)
+        checks.check_output(parser, checkpoint_checks.check_checkpoint_files, args.init_from)
     if args.feature_classifier:
         check_feature_classifier(parser, args.feature_classifier, image_size)
     return args
@@ -116,7 +121,7 @@ def check_feature_classifier(parser: argparse.ArgumentParser, folder: str, image
         parser.error(f"--feature-classifier {folder}: no such checkpoint folder; {fix}")
     if not os.path.isfile(os.path.join(folder, "config.json")):
         parser.error(f"--feature-classifier {folder} is not a checkpoint folder (no config.json); {fix}")
-    common.checks.check_output(parser, common.safe_files.check_checkpoint_files, folder)
+    checks.check_output(parser, checkpoint_checks.check_checkpoint_files, folder)
     with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
         config = json.load(handle)  # a JSON object: check_checkpoint_files read it
     model_type, architectures = config.get("model_type"), config.get("architectures") or []
@@ -137,9 +142,9 @@ def build_model(args, channels: int, image_size: int):
     import damcha_hf
 
     if args.init_from:
-        with common.safe_files.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
+        with checkpoint_checks.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
             model = AutoModel.from_pretrained(args.init_from, attn_implementation=args.attn,
-                                              **common.metric_options(args))  # fmt: skip
+                                              **recipe_options.metric_options(args))  # fmt: skip
         if not isinstance(model, damcha_hf.DamchaViTDenoiserModel):
             raise ValueError(f"--init-from {args.init_from} holds a {type(model).__name__}, not a ViT denoiser; pass a "
                              "checkpoint of this recipe")  # fmt: skip
@@ -148,7 +153,7 @@ def build_model(args, channels: int, image_size: int):
                              f"{model.config.image_size}-pixel images but the data here are {channels}-channel "
                              f"{image_size}-pixel; pass --image-size {model.config.image_size} or another checkpoint")  # fmt: skip
         return model
-    config = damcha_hf.DamchaViTDenoiserConfig(**common.vit_config_options(args, channels, image_size))
+    config = damcha_hf.DamchaViTDenoiserConfig(**image_data.vit_config_options(args, channels, image_size))
     config._attn_implementation = args.attn
     return AutoModel.from_config(config)
 
@@ -196,7 +201,7 @@ def sample_grid_callback(scheduler, args):
             samples = sample_images(model, scheduler, args.num_samples, num_inference_steps=args.sample_steps,
                                     generator=evaluation_generator(), batch_size=args.batch_size)  # fmt: skip
             save_image_grid(samples, os.path.join(checkpoint, SAMPLE_GRID))
-            common.safe_files.atomic_write(os.path.join(checkpoint, SCHEDULER_CONFIG), scheduler_json(scheduler))
+            atomic_files.atomic_write(os.path.join(checkpoint, SCHEDULER_CONFIG), scheduler_json(scheduler))
             print(f"step {state.global_step}: samples in {os.path.join(checkpoint, SAMPLE_GRID)}", flush=True)
 
     return SampleGrid()
@@ -208,13 +213,13 @@ def scheduler_json(scheduler) -> str:
 
 def saved_schedule(checkpoint: str) -> dict:
     path = os.path.join(checkpoint, SCHEDULER_CONFIG)
-    return common.safe_files.read_json_file(path, "a scheduler config") if os.path.isfile(path) else {}
+    return checkpoint_checks.read_json_file(path, "a scheduler config") if os.path.isfile(path) else {}
 
 
 def load_feature_classifier(args, channels: int, image_size: int):
     from transformers import AutoModelForImageClassification
 
-    with common.safe_files.loading_checkpoint(args.feature_classifier, "the --feature-classifier checkpoint"):
+    with checkpoint_checks.loading_checkpoint(args.feature_classifier, "the --feature-classifier checkpoint"):
         classifier = AutoModelForImageClassification.from_pretrained(args.feature_classifier)
     config = classifier.config
     if getattr(config, "num_channels", None) != channels or getattr(config, "image_size", None) != image_size:
@@ -229,16 +234,18 @@ def load_feature_classifier(args, channels: int, image_size: int):
     return classifier
 
 
-@common.holding_run_folder
+@run_folder.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    resume, load_state = common.trainer_resume(args)
+    resume, load_state = run_folder.trainer_resume(args)
     if resume:
-        common.check_resume_settings(args, resume, common.VIT_MODEL_FLAGS, common.saved_model_config(resume))
-        common.check_resume_settings(args, resume, SCHEDULE_FLAGS, saved_schedule(resume))
-    datasets = common.card_datasets(args.data)  # what the card will say, settled before training
-    common.check_push(args)
-    run = common.start_run(args, resume)
+        run_folder.check_resume_settings(
+            args, resume, image_data.VIT_MODEL_FLAGS, run_folder.saved_model_config(resume)
+        )
+        run_folder.check_resume_settings(args, resume, SCHEDULE_FLAGS, saved_schedule(resume))
+    datasets = run_folder.card_datasets(args.data)  # what the card will say, settled before training
+    recipe_options.check_push(args)
+    run = run_folder.start_run(args, resume)
 
     import torch
     from transformers import AutoModel, Trainer, set_seed
@@ -246,27 +253,27 @@ def main(argv=None) -> dict:
     from damcha_hf import diffusion
 
     set_seed(args.seed)
-    splits, _, channels, image_size = common.image_datasets(args)
-    processor = common.image_processor(image_size, channels)
-    common.attach_image_transforms(splits, processor, augment=False, image_size=image_size)
+    splits, _, channels, image_size = image_data.image_datasets(args)
+    processor = image_data.image_processor(image_size, channels)
+    image_data.attach_image_transforms(splits, processor, augment=False, image_size=image_size)
     classifier = load_feature_classifier(args, channels, image_size) if args.feature_classifier else None
     scheduler = diffusion.training_scheduler(args.num_train_timesteps, args.beta_schedule)
     model = build_model(args, channels, image_size)
     if resume:
-        model = common.load_resumed_weights(AutoModel, resume, args.attn)
+        model = run_folder.load_resumed_weights(AutoModel, resume, args.attn)
     print(f"{type(model).__name__} ({model.config.cross_head_variant}): {model.num_parameters():,} parameters; "
           f"{len(splits['train'])} training and {len(splits['validation'])} held-out images")  # fmt: skip
 
     trainer = Trainer(
         model=model,
-        args=common.training_arguments(args, remove_unused_columns=False, prediction_loss_only=True),
+        args=recipe_options.training_arguments(args, remove_unused_columns=False, prediction_loss_only=True),
         train_dataset=splits["train"],
         eval_dataset=splits["validation"],
         data_collator=NoisingCollator(scheduler, augment=not args.no_augment),
         processing_class=processor,
         callbacks=[sample_grid_callback(scheduler, args)],
     )
-    train_result = common.train(trainer, run, load_state)
+    train_result = run_folder.train(trainer, run, load_state)
 
     model = trainer.model
     held_out = torch.stack([example["pixel_values"] for example in splits["validation"]])
@@ -281,7 +288,7 @@ def main(argv=None) -> dict:
         metrics["eval_fcd_samples"] = count
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss,
                    sample_steps=args.sample_steps)  # fmt: skip
-    common.print_evaluation(metrics)
+    run_folder.print_evaluation(metrics)
 
     final = os.path.join(args.output_dir, "final")
     noisy, _, timesteps = diffusion.noised_batch(scheduler, held_out[:4], evaluation_generator())
@@ -294,11 +301,11 @@ def main(argv=None) -> dict:
             "sample_grid_description": f"{args.num_samples} images sampled with DDIM in {args.sample_steps} steps "
             f"(eta = 0) on the training noise schedule ({args.num_train_timesteps} steps, {args.beta_schedule} "
             "betas), from fixed start noise."}  # fmt: skip
-    common.save_final_model(model, final, tokenizer_or_processor=processor, log_history=trainer.state.log_history,
-                            **card)  # fmt: skip
-    common.finish_run(args, final, metrics, saved_note=f" (samples: {os.path.join(final, SAMPLE_GRID)})")
+    run_folder.save_final_model(model, final, tokenizer_or_processor=processor, log_history=trainer.state.log_history,
+                                **card)  # fmt: skip
+    run_folder.finish_run(args, final, metrics, saved_note=f" (samples: {os.path.join(final, SAMPLE_GRID)})")
     return metrics
 
 
 if __name__ == "__main__":
-    common.run_recipe(main)
+    recipe_options.run_recipe(main)

@@ -21,25 +21,30 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common  # standard library only: torch and transformers are imported after the arguments are parsed
+import recipe_options  # standard library only: torch and transformers are imported after the arguments are parsed
+import run_folder
+import text_data
+
+from damcha_hf import argument_checks as checks
+from damcha_hf.safe_files import checkpoint_checks
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=common.checks.HelpFormatter)
-    common.add_text_data_arguments(parser)
-    common.add_gpt2_size_arguments(parser)
+    parser = checks.ArgumentParser(description=__doc__, formatter_class=checks.HelpFormatter)
+    text_data.add_text_data_arguments(parser)
+    text_data.add_gpt2_size_arguments(parser)
     parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model")
-    common.add_metric_arguments(parser)
-    common.add_training_arguments(parser, output_dir="runs/{settings}", batch_size=16, learning_rate=2e-3,
-                                  max_steps=1000)  # fmt: skip
-    args = common.parse_checked(parser, argv, run_name=common.language_model_run_name)
-    common.check_causal_metric_context(parser, args)
+    recipe_options.add_metric_arguments(parser)
+    recipe_options.add_training_arguments(parser, output_dir="runs/{settings}", batch_size=16, learning_rate=2e-3,
+                                          max_steps=1000)  # fmt: skip
+    args = recipe_options.parse_checked(parser, argv, run_name=text_data.language_model_run_name)
+    recipe_options.check_causal_metric_context(parser, args)
     if not args.init_from:
-        common.check_new_language_model_sizes(parser, args)
+        text_data.check_new_language_model_sizes(parser, args)
     if args.init_from and not os.path.isdir(args.init_from):
         parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
     if args.init_from:  # a damaged file is named now, before any data is read
-        common.checks.check_output(parser, common.safe_files.check_checkpoint_files, args.init_from)
+        checks.check_output(parser, checkpoint_checks.check_checkpoint_files, args.init_from)
     return args
 
 
@@ -49,12 +54,12 @@ def build_model(args, tokenizer):
     from damcha_hf.data import check_tokenizer_matches_model
 
     if args.init_from:
-        with common.safe_files.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
+        with checkpoint_checks.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
             model = AutoModelForCausalLM.from_pretrained(args.init_from, attn_implementation=args.attn)
     else:
-        model = AutoModelForCausalLM.from_config(common.gpt2_config(args, len(tokenizer), tokenizer))
+        model = AutoModelForCausalLM.from_config(text_data.language_model_config(args, len(tokenizer), tokenizer))
     check_tokenizer_matches_model(tokenizer, model.config)
-    common.use_causal_lm_loss(model)
+    text_data.use_causal_lm_loss(model)
     if model.config.max_position_embeddings < args.block_size:
         raise ValueError(
             f"--block-size {args.block_size} exceeds the model's context length (`max_position_embeddings`, "
@@ -63,14 +68,14 @@ def build_model(args, tokenizer):
     return model
 
 
-@common.holding_run_folder
+@run_folder.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    resume, load_state = common.trainer_resume(args)
-    common.check_language_model_resume(args, resume)
-    datasets = common.card_datasets(args.data)  # what the card will say, settled before training
-    common.check_push(args)
-    run = common.start_run(args, resume)
+    resume, load_state = run_folder.trainer_resume(args)
+    text_data.check_language_model_resume(args, resume)
+    datasets = run_folder.card_datasets(args.data)  # what the card will say, settled before training
+    recipe_options.check_push(args)
+    run = run_folder.start_run(args, resume)
 
     from transformers import DataCollatorForLanguageModeling, Trainer, set_seed
 
@@ -78,18 +83,18 @@ def main(argv=None) -> dict:
 
     set_seed(args.seed)
     if resume and os.path.isfile(os.path.join(resume, "tokenizer.json")):
-        common.check_resume_tokenizer(args, resume)
+        text_data.check_resume_tokenizer(args, resume)
         args.tokenizer = resume  # the Trainer saved the tokenizer with the checkpoint: a retrained BPE could differ
-    corpus = common.load_language_model_corpus(args)
-    tokenizer = common.build_tokenizer(args, corpus)
-    train, validation = common.language_model_data(args, tokenizer, corpus)
+    corpus = text_data.load_language_model_corpus(args)
+    tokenizer = text_data.build_tokenizer(args, corpus)
+    train, validation = text_data.language_model_data(args, tokenizer, corpus)
     model = build_model(args, tokenizer)
     print(f"{type(model).__name__}: {model.num_parameters():,} parameters; {len(train)} training blocks of "
           f"{args.block_size} tokens, {len(validation)} validation blocks")  # fmt: skip
 
     trainer = Trainer(
         model=model,
-        args=common.training_arguments(args),
+        args=recipe_options.training_arguments(args),
         train_dataset=train,
         eval_dataset=validation,
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
@@ -97,14 +102,14 @@ def main(argv=None) -> dict:
         compute_metrics=causal_lm_compute_metrics(tokenizer),
         preprocess_logits_for_metrics=causal_lm_token_nll,
     )
-    train_result = common.train(trainer, run, load_state)
+    train_result = run_folder.train(trainer, run, load_state)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, train_loss=train_result.training_loss,
                    eval_documents=args.validation_documents)  # fmt: skip
-    common.print_evaluation(metrics)
+    run_folder.print_evaluation(metrics)
 
     final = os.path.join(args.output_dir, "final")
-    common.save_final_model(
+    run_folder.save_final_model(
         trainer.model,
         final,
         tokenizer_or_processor=tokenizer,
@@ -112,9 +117,9 @@ def main(argv=None) -> dict:
         datasets=datasets,
         notes=[f"Validation figures: {args.validation_note}, none of them seen in training."],
     )
-    common.finish_run(args, final, metrics)
+    run_folder.finish_run(args, final, metrics)
     return metrics
 
 
 if __name__ == "__main__":
-    common.run_recipe(main)
+    recipe_options.run_recipe(main)

@@ -37,7 +37,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common  # standard library only: torch, transformers and accelerate are imported after parsing
+import recipe_options  # standard library only: torch, transformers and accelerate are imported after parsing
+import run_folder
+import text_data
+
+from damcha_hf import argument_checks as checks
+from damcha_hf.safe_files import atomic_files, checkpoint_checks
 
 STATE_FILE = "loop_state.json"
 # What `Accelerator.save_state` writes besides the weights (file pattern: what it is), checked before a resume.
@@ -46,15 +51,15 @@ RESUME_STATE = {"optimizer.bin": "optimizer state", "scheduler.bin": "learning-r
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=common.checks.HelpFormatter)
-    common.add_text_data_arguments(parser)
-    common.add_gpt2_size_arguments(parser)
-    common.add_metric_arguments(parser)
-    common.add_training_arguments(parser, output_dir="runs/accelerate-{settings}", batch_size=16, learning_rate=2e-3,
-                                  max_steps=1000, output_dir_example="runs/accelerate-damcha_gpt2-stdlib-byte")  # fmt: skip
-    args = common.parse_checked(parser, argv, run_name=common.language_model_run_name)
-    common.check_causal_metric_context(parser, args)
-    common.check_new_language_model_sizes(parser, args)
+    parser = checks.ArgumentParser(description=__doc__, formatter_class=checks.HelpFormatter)
+    text_data.add_text_data_arguments(parser)
+    text_data.add_gpt2_size_arguments(parser)
+    recipe_options.add_metric_arguments(parser)
+    recipe_options.add_training_arguments(parser, output_dir="runs/accelerate-{settings}", batch_size=16, learning_rate=2e-3,
+                                          max_steps=1000, output_dir_example="runs/accelerate-damcha_gpt2-stdlib-byte")  # fmt: skip
+    args = recipe_options.parse_checked(parser, argv, run_name=text_data.language_model_run_name)
+    recipe_options.check_causal_metric_context(parser, args)
+    text_data.check_new_language_model_sizes(parser, args)
     return args
 
 
@@ -101,15 +106,15 @@ def _evaluate(model, loader, accelerator, byte_lengths) -> dict:
             "eval_bits_per_byte": results["bits_per_byte"]}  # fmt: skip
 
 
-@common.holding_run_folder
+@run_folder.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    resume = common.resolve_resume(args.resume, args.output_dir, marker=STATE_FILE)
-    load_state = common.check_resume_state(args, resume, RESUME_STATE, marker=STATE_FILE)
-    common.check_language_model_resume(args, resume)
-    datasets = common.card_datasets(args.data)  # what the card will say, settled before training
-    common.check_push(args, accelerate=True)
-    run = common.start_run(args, resume)
+    resume = run_folder.resolve_resume(args.resume, args.output_dir, marker=STATE_FILE)
+    load_state = run_folder.check_resume_state(args, resume, RESUME_STATE, marker=STATE_FILE)
+    text_data.check_language_model_resume(args, resume)
+    datasets = run_folder.card_datasets(args.data)  # what the card will say, settled before training
+    recipe_options.check_push(args, accelerate=True)
+    run = run_folder.start_run(args, resume)
 
     import torch
     from accelerate import Accelerator
@@ -128,26 +133,26 @@ def main(argv=None) -> dict:
         # --report-to: TensorBoard writes to <output-dir>/runs/<run name>, as under the Trainer.
         log_with=args.report_to or None,
         project_config=ProjectConfiguration(project_dir=args.output_dir,
-                                            logging_dir=os.path.join(args.output_dir, common.TRACKER_LOGS)),
+                                            logging_dir=os.path.join(args.output_dir, run_folder.TRACKER_LOGS)),
     )  # fmt: skip
     check_fsdp_runs(accelerator, DistributedType)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     set_seed(args.seed)
     if resume and os.path.isfile(os.path.join(resume, "tokenizer.json")):
-        common.check_resume_tokenizer(args, resume)
+        text_data.check_resume_tokenizer(args, resume)
         args.tokenizer = resume
 
     # The main process tokenises first and fills the datasets cache; the others then read it.
     with accelerator.main_process_first():
-        corpus = common.load_language_model_corpus(args)
-        tokenizer = common.build_tokenizer(args, corpus)
-        train, validation = common.language_model_data(args, tokenizer, corpus)
+        corpus = text_data.load_language_model_corpus(args)
+        tokenizer = text_data.build_tokenizer(args, corpus)
+        train, validation = text_data.language_model_data(args, tokenizer, corpus)
     train, validation = train.with_format("torch"), validation.with_format("torch")
 
-    model = AutoModelForCausalLM.from_config(common.gpt2_config(args, len(tokenizer), tokenizer))
+    model = AutoModelForCausalLM.from_config(text_data.language_model_config(args, len(tokenizer), tokenizer))
     check_tokenizer_matches_model(tokenizer, model.config)
-    common.use_causal_lm_loss(model)
+    text_data.use_causal_lm_loss(model)
     accelerator.print(f"{type(model).__name__}: {model.num_parameters():,} parameters; {len(train)} training blocks; "
                       f"{accelerator.num_processes} process(es)")  # fmt: skip
 
@@ -183,14 +188,14 @@ def main(argv=None) -> dict:
         load_model(accelerator.unwrap_model(model), os.path.join(resume, "model.safetensors"),
                    device=str(accelerator.device))  # fmt: skip
     if resume:
-        saved = common.safe_files.read_json_file(os.path.join(resume, STATE_FILE), "the training state")
+        saved = checkpoint_checks.read_json_file(os.path.join(resume, STATE_FILE), "the training state")
         step, log_history = saved["step"], saved["log_history"]
         accelerator.print(f"resumed from {resume} at step {step}")
 
-    eval_steps, save_steps = common.evaluation_schedule(args)  # a quick run evaluates and saves at the end only
+    eval_steps, save_steps = recipe_options.evaluation_schedule(args)  # a quick run evaluates and saves at the end only
     from tqdm.auto import tqdm
 
-    shown = accelerator.is_local_main_process and common.live_progress_bar()
+    shown = accelerator.is_local_main_process and recipe_options.live_progress_bar()
     progress = tqdm(total=args.max_steps, initial=step, desc="training", disable=not shown)
 
     def report(entry: dict) -> None:
@@ -248,7 +253,7 @@ def main(argv=None) -> dict:
     if accelerator.is_main_process or not sharded:
         checksum = parameter_sha256(unwrapped, state_dict if sharded else None)
         os.makedirs(args.output_dir, exist_ok=True)
-        common.safe_files.atomic_write(
+        atomic_files.atomic_write(
             os.path.join(args.output_dir, f"parameter_sha256_rank{accelerator.process_index}.txt"), checksum + "\n"
         )
         print(f"[rank {accelerator.process_index}] parameter sha256 {checksum}", flush=True)
@@ -259,12 +264,12 @@ def main(argv=None) -> dict:
             final_model = AutoModelForCausalLM.from_config(unwrapped.config)
             final_model.load_state_dict(state_dict)
         final = os.path.join(args.output_dir, "final")
-        common.save_final_model(final_model, final, tokenizer_or_processor=tokenizer, log_history=log_history,
-                                datasets=datasets)  # fmt: skip
+        run_folder.save_final_model(final_model, final, tokenizer_or_processor=tokenizer, log_history=log_history,
+                                    datasets=datasets)  # fmt: skip
         results["eval_documents"] = args.validation_documents
-        common.write_json(os.path.join(args.output_dir, "eval_results.json"), results)
+        atomic_files.write_json(os.path.join(args.output_dir, "eval_results.json"), results)
         print(results)
-        common.push_final_model(args, final)
+        run_folder.push_final_model(args, final)
     accelerator.end_training()
     return results
 
@@ -294,7 +299,7 @@ TIED_WEIGHTS_NOTICE = TiedWeightsNotice()  # one instance, so that each save doe
 
 def save_checkpoint(accelerator, tokenizer, run, step: int, log_history: list, model_config: dict) -> None:
     """`checkpoint-<step>`: every process's part of the state, the tokenizer and the loop state, named in the run record
-    before any process writes it, and its files recorded with the run's id once all are written (`common.Run`), which
+    before any process writes it, and its files recorded with the run's id once all are written (`run_folder.Run`), which
     also keeps only the newest --save-total-limit of the run's checkpoints."""
     folder = os.path.join(run.output_dir, f"checkpoint-{step}")
     if accelerator.is_main_process:
@@ -304,7 +309,7 @@ def save_checkpoint(accelerator, tokenizer, run, step: int, log_history: list, m
     accelerator.save_state(folder)
     if accelerator.is_main_process:
         tokenizer.save_pretrained(folder)
-        common.write_json(
+        atomic_files.write_json(
             os.path.join(folder, STATE_FILE), {"step": step, "log_history": log_history, "model_config": model_config}
         )
     accelerator.wait_for_everyone()
@@ -313,4 +318,4 @@ def save_checkpoint(accelerator, tokenizer, run, step: int, log_history: list, m
 
 
 if __name__ == "__main__":
-    common.run_recipe(main)
+    recipe_options.run_recipe(main)

@@ -19,14 +19,8 @@ from safetensors.torch import load_file
 
 import damcha_hf
 from damcha_hf.hub import save_hub_checkpoint
-from damcha_hf.safe_files import (
-    SAVE_RECORD_FILE,
-    UnsafeOutputError,
-    check_run_folder,
-    recover_interrupted_saves,
-    save_lock_file,
-    wait_for_lock,
-)
+from damcha_hf.safe_files import SAVE_RECORD_FILE, UnsafeOutputError, check_run_folder, recover_interrupted_saves
+from damcha_hf.safe_files.atomic_files import save_lock_file, wait_for_lock
 
 FORK = multiprocessing.get_context("fork")
 # How long a step may take before the test gives up: a failure's bound, never a measured figure.

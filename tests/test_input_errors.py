@@ -29,6 +29,7 @@ from damcha_hf.cli import build_parser
 from damcha_hf.cli import main as cli_main
 from damcha_hf.metric_map import DEFAULT_DENOISER_TIMESTEP, compute_metric_map, random_image_inputs
 from damcha_hf.modeling.damcha_config import CROSS_HEAD_VARIANTS, METRIC_CONTEXTS, METRIC_FORMS, METRIC_MASKS
+from damcha_hf.safe_files import checkpoint_checks
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -149,7 +150,7 @@ def refused_before_loading(argv, capsys, monkeypatch) -> str:
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(safe_files, "loading_checkpoint", no_loading)
+    monkeypatch.setattr(checkpoint_checks, "loading_checkpoint", no_loading)
     capsys.readouterr()
     try:
         code = cli_main(argv)

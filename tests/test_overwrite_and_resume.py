@@ -3,6 +3,7 @@ A with checkpoints, replaced by run B, then resumed, must continue B (or refuse,
 after A was killed mid-run or the replacement itself was cut short. Files the program did not write are refused, and a
 checkpoint past --max-steps is never trained past."""
 
+import importlib
 import json
 import shutil
 import subprocess
@@ -14,8 +15,7 @@ import torch
 from safetensors.torch import load_file
 from test_safety import TINY, load_recipe, one_error_line, snapshot
 
-from damcha_hf import safe_files
-from damcha_hf.safe_files import RUN_LOCK_FILE, RUN_RECORD_FILE, SAVE_RECORD_FILE
+from damcha_hf.safe_files import RUN_LOCK_FILE, RUN_RECORD_FILE, SAVE_RECORD_FILE, output_folders
 
 # --------------------------------------------------------------------------------------------------------- helpers
 
@@ -79,9 +79,9 @@ def dead_pid() -> int:
 
 
 def start_only(recipe, argv: list[str]):
-    """What a run does before it reads any data: parse (locking the folder), then start (`common.start_run`)."""
-    common = recipe.common
-    return common.holding_run_folder(lambda argv: common.start_run(recipe.parse_args(argv), None))(argv)
+    """What a run does before it reads any data: parse (locking the folder), then start (`run_folder.start_run`)."""
+    run_folder = importlib.import_module("run_folder")  # the recipes' module, on sys.path once a recipe is loaded
+    return run_folder.holding_run_folder(lambda argv: run_folder.start_run(recipe.parse_args(argv), None))(argv)
 
 
 def killed_mid_run(run: Path) -> None:
@@ -209,7 +209,7 @@ def test_an_overwrite_cut_short_never_brings_the_earlier_run_back(run_a, corpus,
     recipe = load_recipe("train_gpt2")
     run = copy_of(run_a, tmp_path)
     run_a_id = run_id(run)
-    replace, moved = safe_files.os.replace, []
+    replace, moved = output_folders.os.replace, []
 
     def replace_then_die(source, destination):
         if cut == "while moving entries aside" and len(moved) == 2:
@@ -220,8 +220,8 @@ def test_an_overwrite_cut_short_never_brings_the_earlier_run_back(run_a, corpus,
     def die(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(safe_files.os, "replace", replace_then_die)
-    monkeypatch.setattr(safe_files.shutil, "rmtree", die)
+    monkeypatch.setattr(output_folders.os, "replace", replace_then_die)
+    monkeypatch.setattr(output_folders.shutil, "rmtree", die)
     with pytest.raises(KeyboardInterrupt):
         start_only(recipe, [*arguments(corpus, run), "--overwrite-output-dir", "--seed", "2"])
     monkeypatch.undo()

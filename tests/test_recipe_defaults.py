@@ -85,9 +85,9 @@ def test_a_quick_run_evaluates_and_saves_once_at_the_end_and_reads_only_what_it_
     assert "reading about" in printed and "--max-data-bytes" in printed
 
     # The data read is sized by the run: 5 steps of 4 blocks of 32 bytes need far less than 2,000 steps.
-    common = recipe.common
-    quick = common.data_bytes_needed(recipe.parse_args(["--max-steps", "5", "--output-dir", str(tmp_path / "a")]))
-    long = common.data_bytes_needed(recipe.parse_args(["--max-steps", "20000", "--output-dir", str(tmp_path / "b")]))
+    text_data = recipe.text_data
+    quick = text_data.data_bytes_needed(recipe.parse_args(["--max-steps", "5", "--output-dir", str(tmp_path / "a")]))
+    long = text_data.data_bytes_needed(recipe.parse_args(["--max-steps", "20000", "--output-dir", str(tmp_path / "b")]))
     assert quick < long / 10
 
 

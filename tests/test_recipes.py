@@ -295,11 +295,11 @@ def test_train_vit_learns_and_resumes(tmp_path, image_folder):
 
 
 def test_vit_augmentation_crops_and_flips_without_torchvision():
-    common = load_recipe("train_vit").common
+    image_data = load_recipe("train_vit").image_data
     image = torch.arange(2 * 6 * 6, dtype=torch.float32).view(2, 6, 6)
     seen = set()
     for seed in range(40):
-        out = common.random_crop_and_flip(image, padding=1, generator=torch.Generator().manual_seed(seed))
+        out = image_data.random_crop_and_flip(image, padding=1, generator=torch.Generator().manual_seed(seed))
         assert out.shape == image.shape
         padded = torch.nn.functional.pad(image[None], (1,) * 4, mode="reflect")[0]
         crops = {(top, left): padded[:, top : top + 6, left : left + 6] for top in range(3) for left in range(3)}
@@ -431,8 +431,8 @@ sys.path.insert(0, {str(RECIPES)!r})
 import numpy as np
 from PIL import Image
 from transformers import AutoImageProcessor
-import common
-common.image_processor(4, 1).save_pretrained({str(tmp_path)!r})
+import image_data
+image_data.image_processor(4, 1).save_pretrained({str(tmp_path)!r})
 processor = AutoImageProcessor.from_pretrained({str(tmp_path)!r})
 image = Image.fromarray(np.arange(16, dtype=np.uint8).reshape(4, 4) * 16, mode="L")
 np.save({str(tmp_path / "pixels.npy")!r}, np.asarray(processor(image, return_tensors="np")["pixel_values"]))
@@ -484,7 +484,10 @@ def test_mistakes_that_would_fail_after_loading_data_fail_while_parsing(tmp_path
     assert ("--metric-form scores mixes the attention score maps, which only eager attention "
                             "materialises; use --attn eager (its default) instead of --attn sdpa") in message  # fmt: skip
     scores = load_recipe("train_gpt2").parse_args(["--metric-form", "scores", *out])
-    assert scores.attn == "eager" and load_recipe("train_gpt2").common.metric_options(scores)["metric_form"] == "scores"
+    assert (
+        scores.attn == "eager"
+        and load_recipe("train_gpt2").recipe_options.metric_options(scores)["metric_form"] == "scores"
+    )
     message = parse_error("train_gpt2", ["--tokenizer", str(tmp_path / "no-tokenizer"), *out], capsys)
     assert "is not a folder; use 'byte', 'bpe' or a folder a tokenizer was saved to" in message
     loose = tmp_path / "images"

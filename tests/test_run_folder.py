@@ -44,7 +44,7 @@ def recipe_refusal(name: str, argv: list[str], capsys) -> str:
 def start_run(argv: list[str], name: str = "train_gpt2"):
     """Parse as a run of the recipe does (locking --output-dir and finishing what a killed save left), then end it."""
     recipe = load_recipe(name)
-    return recipe.common.holding_run_folder(recipe.parse_args)(argv)
+    return recipe.run_folder.holding_run_folder(recipe.parse_args)(argv)
 
 
 def dead_pid() -> int:
@@ -281,7 +281,7 @@ HOLD_FOLDER = textwrap.dedent(
         print("holding", flush=True)
         sys.stdin.read()
 
-    train_gpt2.common.holding_run_folder(run)(["--output-dir", {output!r}, "--overwrite-output-dir"])
+    train_gpt2.run_folder.holding_run_folder(run)(["--output-dir", {output!r}, "--overwrite-output-dir"])
     """
 )
 
@@ -545,7 +545,7 @@ def test_accelerate_resume_checks_its_state_and_can_continue_from_the_weights_al
 HOLD_DEMO_FOLDER = textwrap.dedent(
     """
     import sys
-    from damcha_hf.safe_files import hold_lock
+    from damcha_hf.safe_files.atomic_files import hold_lock
     hold_lock({lock!r}, what="demo")
     print("holding", flush=True)
     sys.stdin.read()

@@ -24,7 +24,7 @@ from transformers.models.vit import modeling_vit
 
 import damcha_hf
 from damcha_hf.modeling.damcha_pretrained import stock_class_of
-from damcha_hf.modeling.dispatch import warn_if_untested_transformers
+from damcha_hf.modeling.transformers_releases import warn_if_untested_transformers
 
 
 def _with_upstream_addition(monkeypatch, stock_class, name, make):

@@ -14,7 +14,8 @@ import time
 
 from damcha_hf import argument_checks as checks
 from damcha_hf.modeling.damcha_config import METRIC_CONTEXTS
-from damcha_hf.safe_files import check_checkpoint_folder, hold_lock
+from damcha_hf.safe_files import check_checkpoint_folder
+from damcha_hf.safe_files.atomic_files import hold_lock
 
 RESULTS_FILE = "demo_results.json"
 CAUSAL_METRIC_CONTEXTS = tuple(context for context in METRIC_CONTEXTS if context != "sequence")
@@ -484,7 +485,7 @@ def _save(model, tokenizer, args, histories, results, summary, validation_note, 
     import json
 
     from damcha_hf.hub import save_hub_checkpoint
-    from damcha_hf.safe_files import public_dataset_name
+    from damcha_hf.hub.file_rules import public_dataset_name
 
     eval_results = _card_metrics(results["DAMCHA"])
     # A local path must not reach the card: a file or folder is named by its base name only.

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         with torch.device("meta"):
             model = model_class(config)
     else:
-        from damcha_hf.safe_files import check_checkpoint_files
+        from damcha_hf.safe_files.checkpoint_checks import check_checkpoint_files
 
         check_checkpoint_files(args.model)  # a damaged checkpoint is named now, not when someone loads it
         config = AutoConfig.from_pretrained(args.model)

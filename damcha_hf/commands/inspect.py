@@ -99,13 +99,8 @@ def default_output(checkpoint: Path) -> Path:
 def check_output(output: Path, checkpoint: Path, *, overwrite: bool) -> None:
     """Refuse, before the model loads, an output that cannot be written, one that exists (without `--overwrite`), and
     one that is not a picture damcha-hf drew (a PNG with its `Software` mark), which is never replaced."""
-    from damcha_hf.safe_files import (
-        METRIC_HEATMAP_FILE,
-        PNG_SOFTWARE,
-        UnsafeOutputError,
-        check_writable_location,
-        png_text,
-    )
+    from damcha_hf.safe_files import METRIC_HEATMAP_FILE, PNG_SOFTWARE, check_writable_location, png_text
+    from damcha_hf.safe_files.atomic_files import UnsafeOutputError
 
     check_writable_location(output.absolute(), argument="--output")
     if not output.exists() and not output.is_symlink():
@@ -129,7 +124,8 @@ def checkpoint_family(checkpoint: Path):
     """The DAMCHA family a checkpoint's config.json names, read before the model loads; a checkpoint with no
     cross-head matrix C to draw is refused in one line."""
     from damcha_hf.families import family_for_model_type
-    from damcha_hf.safe_files import MODEL_TYPE_PREFIX, read_json_file
+    from damcha_hf.safe_files import MODEL_TYPE_PREFIX
+    from damcha_hf.safe_files.checkpoint_checks import read_json_file
 
     config = read_json_file(checkpoint / "config.json", "a config")
     if not isinstance(config, dict):
@@ -167,7 +163,7 @@ def check_data(data: Path, *, vision: bool) -> None:
 
 def noise_schedule(checkpoint: Path) -> dict:
     """The denoiser's training schedule (diffusers' scheduler config), or DDPM's default when it has none saved."""
-    from damcha_hf.safe_files import read_json_file
+    from damcha_hf.safe_files.checkpoint_checks import read_json_file
 
     path = checkpoint / SCHEDULER_CONFIG
     schedule = read_json_file(path, "a noise schedule") if path.is_file() else {}
@@ -228,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
 
     import damcha_hf  # registers the DAMCHA classes; the saved class is looked up on it
     from damcha_hf.metric_map import image_folder_inputs, text_inputs, write_metric_map
-    from damcha_hf.safe_files import loading_checkpoint
+    from damcha_hf.safe_files.checkpoint_checks import loading_checkpoint
 
     # The saved class itself (not AutoModel, which would add e.g. an untrained ViT pooler): any DAMCHA class has C.
     with loading_checkpoint(checkpoint, "a DAMCHA checkpoint"):

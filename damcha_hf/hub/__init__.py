@@ -24,10 +24,12 @@ The package has one module per job:
     model_card          `build_model_card`: metadata, DAMCHA settings, loading snippets, training details, results
     checkpoint_folder   `save_hub_checkpoint`: the whole folder, written in a staging folder and renamed into place
     push                `upload_plan` (what a push uploads, only regular files inside the folder) and `push_checkpoint`
+    file_rules          the files of a Hub checkpoint, and what of a dataset's name a public card may show
 """
 
-from ..safe_files import LOSS_CURVE_FILE, METRIC_HEATMAP_FILE
+from ..safe_files import METRIC_HEATMAP_FILE
 from .checkpoint_folder import save_hub_checkpoint
+from .file_rules import LOSS_CURVE_FILE
 from .model_card import CITATION_BIBTEX, PAPER_TITLE, REPO_PLACEHOLDER, build_model_card, generator_share
 from .push import HubPushError, check_can_push, push_checkpoint, upload_plan
 from .training_log import TrainingLog, parse_log_history, write_loss_curve

@@ -10,20 +10,14 @@ from pathlib import Path
 
 from ..metric_map import is_vision_model, write_metric_map
 from ..safe_files import (
-    CARD_FILE,
-    CONFIG_FILES,
-    LOSS_CURVE_FILE,
     METRIC_HEATMAP_FILE,
-    SAMPLE_GRID_FILE,
     apply_umask,
-    atomic_write,
     check_checkpoint_folder,
     check_checkpoint_location,
-    make_staging_folder,
-    save_lock_file,
-    wait_for_lock,
     write_save_record,
 )
+from ..safe_files.atomic_files import atomic_write, make_staging_folder, save_lock_file, wait_for_lock
+from .file_rules import CARD_FILE, CONFIG_FILES, LOSS_CURVE_FILE, SAMPLE_GRID_FILE
 from .model_card import TOKENIZER_SUBFOLDER, build_model_card, cross_head_variant
 from .push import check_no_local_paths, completed_config, config_json_bytes, upload_plan
 from .training_log import write_loss_curve

@@ -10,10 +10,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from ..families import DamchaFamily, family_for_model_type, family_of
+from ..families import family_for_model_type, family_of
 from ..metric_map import MetricMap, is_vision_model
 from ..modeling.damcha_config import TESTED_TRANSFORMERS
-from ..safe_files import public_dataset_name
+from .file_rules import public_dataset_name
 from .training_log import TrainingLog, is_number, parse_log_history
 
 # Stands for the repository id in a card written before the repository is known; `push_checkpoint` fills it in.
@@ -44,11 +44,6 @@ VARIANT_DESCRIPTIONS = {
 }
 
 
-def model_family(model) -> DamchaFamily:
-    """The architecture's declaration (`damcha_hf.families`), from the config's `model_type` (`damcha_llama`, ...)."""
-    return family_of(model)
-
-
 def cross_head_variant(model) -> str:
     """`"damcha"`, or the baseline attention the model runs instead (`talking_heads`, `dcmha`, `none`)."""
     # Every DAMCHA config has the field; a config without it is a stock transformers model: plain attention.
@@ -57,7 +52,7 @@ def cross_head_variant(model) -> str:
 
 def is_stock_model(model) -> bool:
     """A stock transformers model (`gpt2`, `llama`, `vit` config: the MHA baseline a recipe trains), not a DAMCHA one."""
-    return model.config.model_type == model_family(model).model_type
+    return model.config.model_type == family_of(model).model_type
 
 
 def pipeline_tag_and_auto_class(model) -> tuple[str, str]:
@@ -65,7 +60,7 @@ def pipeline_tag_and_auto_class(model) -> tuple[str, str]:
     or the stock class's name, since remote-code classes live in other modules); a base model is a feature
     extractor."""
     name = type(model).__name__
-    for head in model_family(model).heads:
+    for head in family_of(model).heads:
         if name in (head.model_class.__name__, getattr(head.stock_class, "__name__", None)) and head.pipeline_tag:
             return head.pipeline_tag, head.auto_class
     if is_vision_model(model):
@@ -147,7 +142,7 @@ def build_model_card(
             table and, unless `eval_results` is given, the evaluation results.
         base_model: Hub id of the MHA checkpoint this model was converted from.
         datasets: Hub ids of the training data; the first also names the evaluation data in `model-index`. A local
-            path is reduced to its base name (see `damcha_hf.safe_files.public_dataset_name`).
+            path is reduced to its base name (see `damcha_hf.hub.file_rules.public_dataset_name`).
         eval_results: `{"loss": 2.3, "accuracy": 0.81}` (an `eval_` prefix is dropped); overrides the log's.
         images: relative paths of images written next to the card: `{"loss_curve": ..., "metric_heatmap": ...}`.
             `save_hub_checkpoint` writes both and fills this in.
@@ -179,7 +174,7 @@ def build_model_card(
     # A dataset given as a local path is named by its base name (or left out): the card is meant to be published.
     datasets = [name for name in map(public_dataset_name, datasets) if name]
     config = model.config
-    family = model_family(model).model_type
+    family = family_of(model).model_type
     pipeline_tag, auto_class = pipeline_tag_and_auto_class(model)
     log = parse_log_history(log_history) if log_history is not None else None
     results = resolve_eval_results(model, log, eval_results)
@@ -214,7 +209,7 @@ def build_model_card(
     )
 
     generator, total = generator_share(model)
-    family_name, variant = model_family(model).display_name, cross_head_variant(model)
+    family_name, variant = family_of(model).display_name, cross_head_variant(model)
     if stock:
         introduction = (
             f"A stock transformers {family_name} model ({type(model).__name__}) with plain multi-head attention and "

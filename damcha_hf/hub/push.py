@@ -13,16 +13,9 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, HfApi
 from transformers.dynamic_module_utils import get_relative_imports
 
-from ..safe_files import (
-    CARD_FILE,
-    CONFIG_FILES,
-    MODEL_TYPE_PREFIX,
-    PREPROCESSOR_FILES,
-    CorruptFileError,
-    check_checkpoint_files,
-    read_json_file,
-    weight_files,
-)
+from ..safe_files import MODEL_TYPE_PREFIX
+from ..safe_files.checkpoint_checks import CorruptFileError, check_checkpoint_files, read_json_file, weight_files
+from .file_rules import CARD_FILE, CONFIG_FILES, PREPROCESSOR_FILES
 from .model_card import TOKENIZER_SUBFOLDER, card_for_repository
 
 TEXT_SUFFIXES = (".json", ".md", ".py", ".txt", ".jinja")

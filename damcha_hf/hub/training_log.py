@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..safe_files import atomic_path
+from ..safe_files.atomic_files import atomic_path
 
 # Trainer log entries that are bookkeeping, not results.
 NON_METRIC_KEYS = ("runtime", "samples_per_second", "steps_per_second", "epoch", "step", "model_preparation_time")

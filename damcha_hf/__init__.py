@@ -73,6 +73,17 @@ _PUBLIC_MODULES = {
         ".modeling.modeling_damcha_bart",
     ),
     **dict.fromkeys(("DamchaViTDenoiserModel", "DamchaViTDenoiserOutput"), ".modeling.modeling_damcha_vit_denoiser"),
+    "DamchaMistralConfig": ".modeling.configuration_damcha_mistral",
+    **dict.fromkeys(
+        (
+            "DamchaMistralModel",
+            "DamchaMistralForCausalLM",
+            "DamchaMistralForSequenceClassification",
+            "DamchaMistralForTokenClassification",
+            "DamchaMistralForQuestionAnswering",
+        ),
+        ".modeling.modeling_damcha_mistral",
+    ),
     "convert_to_damcha": ".conversion",
     "save_hub_checkpoint": ".hub",
     "build_model_card": ".hub",

@@ -8,10 +8,17 @@ from .modeling.damcha_family import DamchaFamily
 from .modeling.modeling_damcha_bart import DAMCHA_FAMILY as BART_FAMILY
 from .modeling.modeling_damcha_gpt2 import DAMCHA_FAMILY as GPT2_FAMILY
 from .modeling.modeling_damcha_llama import DAMCHA_FAMILY as LLAMA_FAMILY
+from .modeling.modeling_damcha_mistral import DAMCHA_FAMILY as MISTRAL_FAMILY
 from .modeling.modeling_damcha_vit import DAMCHA_FAMILY as VIT_FAMILY
 from .modeling.modeling_damcha_vit_denoiser import DAMCHA_FAMILY as VIT_DENOISER_FAMILY
 
-FAMILIES: tuple[DamchaFamily, ...] = (GPT2_FAMILY, LLAMA_FAMILY, VIT_FAMILY, BART_FAMILY)
+FAMILIES: tuple[DamchaFamily, ...] = (
+    GPT2_FAMILY,
+    LLAMA_FAMILY,
+    VIT_FAMILY,
+    BART_FAMILY,
+    MISTRAL_FAMILY,
+)
 # Architectures with no transformers class to convert from (the ViT denoiser): registered, saved, loaded as remote code
 # and given model cards like those above, but conversion and the stock-model contract do not apply to them.
 NATIVE_FAMILIES: tuple[DamchaFamily, ...] = (VIT_DENOISER_FAMILY,)

@@ -84,6 +84,17 @@ _PUBLIC_MODULES = {
         ),
         ".modeling.modeling_damcha_mistral",
     ),
+    "DamchaQwen2Config": ".modeling.configuration_damcha_qwen2",
+    **dict.fromkeys(
+        (
+            "DamchaQwen2Model",
+            "DamchaQwen2ForCausalLM",
+            "DamchaQwen2ForSequenceClassification",
+            "DamchaQwen2ForTokenClassification",
+            "DamchaQwen2ForQuestionAnswering",
+        ),
+        ".modeling.modeling_damcha_qwen2",
+    ),
     "convert_to_damcha": ".conversion",
     "save_hub_checkpoint": ".hub",
     "build_model_card": ".hub",

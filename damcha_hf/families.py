@@ -9,6 +9,7 @@ from .modeling.modeling_damcha_bart import DAMCHA_FAMILY as BART_FAMILY
 from .modeling.modeling_damcha_gpt2 import DAMCHA_FAMILY as GPT2_FAMILY
 from .modeling.modeling_damcha_llama import DAMCHA_FAMILY as LLAMA_FAMILY
 from .modeling.modeling_damcha_mistral import DAMCHA_FAMILY as MISTRAL_FAMILY
+from .modeling.modeling_damcha_qwen2 import DAMCHA_FAMILY as QWEN2_FAMILY
 from .modeling.modeling_damcha_vit import DAMCHA_FAMILY as VIT_FAMILY
 from .modeling.modeling_damcha_vit_denoiser import DAMCHA_FAMILY as VIT_DENOISER_FAMILY
 
@@ -18,6 +19,7 @@ FAMILIES: tuple[DamchaFamily, ...] = (
     VIT_FAMILY,
     BART_FAMILY,
     MISTRAL_FAMILY,
+    QWEN2_FAMILY,
 )
 # Architectures with no transformers class to convert from (the ViT denoiser): registered, saved, loaded as remote code
 # and given model cards like those above, but conversion and the stock-model contract do not apply to them.

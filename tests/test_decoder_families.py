@@ -31,8 +31,16 @@ def backends(name):
 
 
 def stock_lm(name, **overrides):
+    """A random stock language model whose biases and norm weights are random too: the stock init sets them to
+    zero or one, which would hide a bias or a norm left out."""
     family = family_for_model_type(name)
-    return family.task_head.stock_class(tiny_stock_config(name, **overrides)).eval()
+    model = family.task_head.stock_class(tiny_stock_config(name, **overrides)).eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for key, parameter in model.named_parameters():
+            if key.endswith("bias") or "norm" in key:
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return model
 
 
 def trained_lm(name, context="token", attn="eager", dtype=torch.float32, **overrides):
@@ -58,6 +66,10 @@ def window_of(config, layer: int):
     return config.sliding_window if config.layer_types[layer] == "sliding_attention" else None
 
 
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads  # Qwen2 has none
+
+
 def rms_norm(x, weight, eps):
     return weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
@@ -70,7 +82,7 @@ def heads_by_hand(name, attention, x):
     """The query, key and value heads `(batch, seq, heads, d_h)` of a layer input, before RoPE, as each family
     computes them."""
     config = attention.config
-    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, head_dim_of(config)
     if name == "phi3":  # one fused projection: the query rows, then the key rows, then the value rows
         weight = attention.qkv_proj.weight
         query_rows, key_rows = heads * head_dim, kv_heads * head_dim
@@ -90,10 +102,10 @@ def attention_by_hand(name, attention, metric, x, context, layer):
     config = attention.config
     q, k, v = heads_by_hand(name, attention, x)
     rope = config.rope_parameters
-    rotary_dim = int(config.head_dim * rope.get("partial_rotary_factor", 1.0))
+    rotary_dim = int(head_dim_of(config) * rope.get("partial_rotary_factor", 1.0))
     q, k = (torch.stack([rotate(t[:, s], s, rope["rope_theta"], rotary_dim) for s in range(x.shape[1])], dim=1)
             for t in (q, k))  # fmt: skip
-    scale = getattr(config, "query_pre_attn_scalar", None) or config.head_dim
+    scale = getattr(config, "query_pre_attn_scalar", None) or head_dim_of(config)
     out = oracle_attention_heads(
         q, k, v, x, metric, context,
         scaling=scale**-0.5,
@@ -240,4 +252,4 @@ def test_the_cache_keeps_the_grouped_query_size_and_the_metric_mixes_key_value_h
     with torch.no_grad():
         cache = getattr(model(tokens(), use_cache=True), CACHE_ARGUMENT)
     keys = cache.layers[0].keys
-    assert keys.shape[:2] == (2, 2) and keys.shape[-1] == config.head_dim
+    assert keys.shape[:2] == (2, 2) and keys.shape[-1] == head_dim_of(config)

@@ -95,6 +95,17 @@ _PUBLIC_MODULES = {
         ),
         ".modeling.modeling_damcha_qwen2",
     ),
+    "DamchaQwen3Config": ".modeling.configuration_damcha_qwen3",
+    **dict.fromkeys(
+        (
+            "DamchaQwen3Model",
+            "DamchaQwen3ForCausalLM",
+            "DamchaQwen3ForSequenceClassification",
+            "DamchaQwen3ForTokenClassification",
+            "DamchaQwen3ForQuestionAnswering",
+        ),
+        ".modeling.modeling_damcha_qwen3",
+    ),
     "convert_to_damcha": ".conversion",
     "save_hub_checkpoint": ".hub",
     "build_model_card": ".hub",

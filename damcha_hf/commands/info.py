@@ -14,6 +14,7 @@ PRESET_DESCRIPTIONS = {
     "bart-base": "(encoder-decoder, 6+6 layers, width 768)",
     "mistral-7b": "(Mistral-7B-v0.1, GQA 32/8 heads, sliding window 4096)",
     "qwen2.5-0.5b": "(Qwen2.5-0.5B, GQA 14/2 heads, q/k/v biases)",
+    "qwen3-0.6b": "(Qwen3-0.6B, GQA 16/8 heads of width 128, q/k norms)",
 }
 PRESETS = tuple(PRESET_DESCRIPTIONS)
 PRESET_HELP = ", ".join(f"{name} {description}" for name, description in PRESET_DESCRIPTIONS.items())

@@ -106,6 +106,16 @@ _PUBLIC_MODULES = {
         ),
         ".modeling.modeling_damcha_qwen3",
     ),
+    "DamchaPhi3Config": ".modeling.configuration_damcha_phi3",
+    **dict.fromkeys(
+        (
+            "DamchaPhi3Model",
+            "DamchaPhi3ForCausalLM",
+            "DamchaPhi3ForSequenceClassification",
+            "DamchaPhi3ForTokenClassification",
+        ),
+        ".modeling.modeling_damcha_phi3",
+    ),
     "convert_to_damcha": ".conversion",
     "save_hub_checkpoint": ".hub",
     "build_model_card": ".hub",

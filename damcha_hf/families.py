@@ -9,6 +9,7 @@ from .modeling.modeling_damcha_bart import DAMCHA_FAMILY as BART_FAMILY
 from .modeling.modeling_damcha_gpt2 import DAMCHA_FAMILY as GPT2_FAMILY
 from .modeling.modeling_damcha_llama import DAMCHA_FAMILY as LLAMA_FAMILY
 from .modeling.modeling_damcha_mistral import DAMCHA_FAMILY as MISTRAL_FAMILY
+from .modeling.modeling_damcha_phi3 import DAMCHA_FAMILY as PHI3_FAMILY
 from .modeling.modeling_damcha_qwen2 import DAMCHA_FAMILY as QWEN2_FAMILY
 from .modeling.modeling_damcha_qwen3 import DAMCHA_FAMILY as QWEN3_FAMILY
 from .modeling.modeling_damcha_vit import DAMCHA_FAMILY as VIT_FAMILY
@@ -22,6 +23,7 @@ FAMILIES: tuple[DamchaFamily, ...] = (
     MISTRAL_FAMILY,
     QWEN2_FAMILY,
     QWEN3_FAMILY,
+    PHI3_FAMILY,
 )
 # Architectures with no transformers class to convert from (the ViT denoiser): registered, saved, loaded as remote code
 # and given model cards like those above, but conversion and the stock-model contract do not apply to them.

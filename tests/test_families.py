@@ -69,6 +69,8 @@ CASES = {
                         text_inputs, ("token", "query")),
     "qwen3": FamilyCase(damcha_hf.families.QWEN3_FAMILY, lambda: tiny_stock_config("qwen3", num_labels=3),
                         text_inputs, ("token", "query")),
+    "phi3": FamilyCase(damcha_hf.families.PHI3_FAMILY, lambda: tiny_stock_config("phi3", num_labels=3),
+                       text_inputs, ("token", "query")),
 }  # fmt: skip
 HEADS = [(name, head) for name, case in CASES.items() for head in case.family.heads]
 HEAD_BACKENDS = [(name, head, attn) for name, head in HEADS for attn in CASES[name].attn_implementations]

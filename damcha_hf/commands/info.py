@@ -15,6 +15,7 @@ PRESET_DESCRIPTIONS = {
     "mistral-7b": "(Mistral-7B-v0.1, GQA 32/8 heads, sliding window 4096)",
     "qwen2.5-0.5b": "(Qwen2.5-0.5B, GQA 14/2 heads, q/k/v biases)",
     "qwen3-0.6b": "(Qwen3-0.6B, GQA 16/8 heads of width 128, q/k norms)",
+    "phi3-mini-4k": "(Phi-3-mini-4k, 32 heads, fused qkv, sliding window 2047)",
 }
 PRESETS = tuple(PRESET_DESCRIPTIONS)
 PRESET_HELP = ", ".join(f"{name} {description}" for name, description in PRESET_DESCRIPTIONS.items())

@@ -116,6 +116,16 @@ _PUBLIC_MODULES = {
         ),
         ".modeling.modeling_damcha_phi3",
     ),
+    "DamchaGemma2Config": ".modeling.configuration_damcha_gemma2",
+    **dict.fromkeys(
+        (
+            "DamchaGemma2Model",
+            "DamchaGemma2ForCausalLM",
+            "DamchaGemma2ForSequenceClassification",
+            "DamchaGemma2ForTokenClassification",
+        ),
+        ".modeling.modeling_damcha_gemma2",
+    ),
     "convert_to_damcha": ".conversion",
     "save_hub_checkpoint": ".hub",
     "build_model_card": ".hub",

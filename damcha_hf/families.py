@@ -6,6 +6,7 @@ instead of keeping their own per-architecture tables; adding an architecture add
 
 from .modeling.damcha_family import DamchaFamily
 from .modeling.modeling_damcha_bart import DAMCHA_FAMILY as BART_FAMILY
+from .modeling.modeling_damcha_gemma2 import DAMCHA_FAMILY as GEMMA2_FAMILY
 from .modeling.modeling_damcha_gpt2 import DAMCHA_FAMILY as GPT2_FAMILY
 from .modeling.modeling_damcha_llama import DAMCHA_FAMILY as LLAMA_FAMILY
 from .modeling.modeling_damcha_mistral import DAMCHA_FAMILY as MISTRAL_FAMILY
@@ -24,6 +25,7 @@ FAMILIES: tuple[DamchaFamily, ...] = (
     QWEN2_FAMILY,
     QWEN3_FAMILY,
     PHI3_FAMILY,
+    GEMMA2_FAMILY,
 )
 # Architectures with no transformers class to convert from (the ViT denoiser): registered, saved, loaded as remote code
 # and given model cards like those above, but conversion and the stock-model contract do not apply to them.

@@ -9,6 +9,8 @@ grouped-query attention everywhere. What every family must do (conversion, cache
 test_families.py.
 """
 
+import sys
+
 import pytest
 import torch
 from attention_oracle import oracle_attention_heads, rotate
@@ -17,7 +19,6 @@ from test_contract import IGNORED_LAYER_ARGUMENTS, _unread_keyword_arguments
 from tiny_decoders import STOCK_CONFIGS, WINDOW, tiny_stock_config
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import damcha_hf
 from damcha_hf.families import family_for_model_type
@@ -156,15 +157,17 @@ def test_every_attention_layer_equals_the_naive_reference(name, attn, context):
 
 @pytest.fixture
 def recording_attention(monkeypatch):
-    """An attention backend, "recording", that runs SDPA and keeps the keyword arguments of each call."""
+    """An attention backend, "recording", that keeps the keyword arguments of each call and runs the family's eager
+    attention (the one every family has; SDPA refuses Gemma 2's soft-cap)."""
     calls = []
 
     def recording(module, query, key, value, attention_mask, **kwargs):
         calls.append((module.layer_idx, {k: v for k, v in kwargs.items() if isinstance(v, (int, float, type(None)))}))
-        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
+        eager_attention = sys.modules[type(module).__module__].eager_attention_forward
+        return eager_attention(module, query, key, value, attention_mask, **kwargs)
 
     monkeypatch.setitem(AttentionInterface._global_mapping, "recording", recording)
-    monkeypatch.setitem(AttentionMaskInterface._global_mapping, "recording", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    monkeypatch.setitem(AttentionMaskInterface._global_mapping, "recording", ALL_MASK_ATTENTION_FUNCTIONS["eager"])
     return calls
 
 

@@ -71,6 +71,8 @@ CASES = {
                         text_inputs, ("token", "query")),
     "phi3": FamilyCase(damcha_hf.families.PHI3_FAMILY, lambda: tiny_stock_config("phi3", num_labels=3),
                        text_inputs, ("token", "query")),
+    "gemma2": FamilyCase(damcha_hf.families.GEMMA2_FAMILY, lambda: tiny_stock_config("gemma2", num_labels=3),
+                         text_inputs, ("token", "query"), attn_implementations=("eager",)),
 }  # fmt: skip
 HEADS = [(name, head) for name, case in CASES.items() for head in case.family.heads]
 HEAD_BACKENDS = [(name, head, attn) for name, head in HEADS for attn in CASES[name].attn_implementations]

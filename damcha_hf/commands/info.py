@@ -16,6 +16,7 @@ PRESET_DESCRIPTIONS = {
     "qwen2.5-0.5b": "(Qwen2.5-0.5B, GQA 14/2 heads, q/k/v biases)",
     "qwen3-0.6b": "(Qwen3-0.6B, GQA 16/8 heads of width 128, q/k norms)",
     "phi3-mini-4k": "(Phi-3-mini-4k, 32 heads, fused qkv, sliding window 2047)",
+    "gemma2-2b": "(Gemma-2-2B, GQA 8/4 heads of width 256, soft-capped, local/global)",
 }
 PRESETS = tuple(PRESET_DESCRIPTIONS)
 PRESET_HELP = ", ".join(f"{name} {description}" for name, description in PRESET_DESCRIPTIONS.items())

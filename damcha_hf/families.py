@@ -52,3 +52,8 @@ def family_of(model_or_config) -> DamchaFamily:
 def presets() -> dict[str, tuple[type, object]]:
     """`damcha-hf info` presets of every family: name -> (model class, config factory)."""
     return {name: preset for family in FAMILIES for name, preset in family.presets.items()}
+
+
+def supported_architectures(families=FAMILIES) -> str:
+    """The architectures of `families` named for an error message: `GPT-2 (gpt2), Llama (llama), ...`."""
+    return ", ".join(f"{family.display_name} ({family.model_type})" for family in families)

@@ -9,13 +9,16 @@ grouped-query attention everywhere. What every family must do (conversion, cache
 test_families.py.
 """
 
+import json
 import sys
 
+import huggingface_hub
 import pytest
 import torch
 from attention_oracle import oracle_attention_heads, rotate
 from conftest import CACHE_ARGUMENT, randomize_metric
 from test_contract import IGNORED_LAYER_ARGUMENTS, _unread_keyword_arguments
+from test_recipes import corpus  # noqa: F401  (a fixture)
 from tiny_decoders import STOCK_CONFIGS, WINDOW, tiny_stock_config
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
@@ -257,3 +260,145 @@ def test_the_cache_keeps_the_grouped_query_size_and_the_metric_mixes_key_value_h
         cache = getattr(model(tokens(), use_cache=True), CACHE_ARGUMENT)
     keys = cache.layers[0].keys
     assert keys.shape[:2] == (2, 2) and keys.shape[-1] == head_dim_of(config)
+
+
+# --- presets at the published sizes ---------------------------------------------------------------------------------
+
+# The size each model card publishes, to the digits it gives: (total, precision), (non-embedding, precision) or None.
+PUBLISHED_SIZES = {
+    "mistral-7b": ((7.24e9, 1e7), None),  # Mistral-7B-v0.1: 7.24B
+    "qwen2.5-0.5b": ((0.49e9, 1e7), (0.36e9, 1e7)),  # Qwen2.5-0.5B: 0.49B, non-embedding 0.36B
+    "qwen3-0.6b": ((0.6e9, 1e8), (0.44e9, 1e7)),  # Qwen3-0.6B: 0.6B, non-embedding 0.44B
+    "phi3-mini-4k": ((3.82e9, 1e7), None),  # Phi-3-mini-4k: 3.82B
+    "gemma2-2b": ((2.61e9, 1e7), None),  # Gemma-2-2B: 2.61B
+}
+
+
+@pytest.mark.parametrize("preset", PUBLISHED_SIZES)
+def test_info_presets_have_the_published_stock_size_and_count_the_generator(preset, capsys):
+    from damcha_hf.cli import main
+    from damcha_hf.families import presets
+
+    assert main(["info", preset]) == 0
+    printed = dict(line.split(":", 1) for line in capsys.readouterr().out.splitlines())
+    model_class, make_config = presets()[preset]
+    config = make_config()
+    stock_class = next(head.stock_class for family in damcha_hf.families.FAMILIES for head in family.heads
+                       if head.model_class is model_class)  # fmt: skip
+    stock_config = stock_class.config_class(**{key: value for key, value in config.to_dict().items()
+                                               if key not in ("model_type", "transformers_version")})  # fmt: skip
+    with torch.device("meta"):
+        stock = stock_class(stock_config)
+    stock_count = stock.num_parameters()
+    kv_heads, width = config.num_key_value_heads, config.hidden_size
+    generator = (width * 64 + 64) + (64 * kv_heads**2 + kv_heads**2)  # d -> r -> H_kv * H_kv
+    assert printed["stock parameters"].strip() == f"{stock_count:,}"
+    assert printed["parameters"].strip() == f"{stock_count + generator:,}"
+    assert printed["cross-head params"].strip().startswith(f"{generator:,} (")
+    (total, precision), non_embedding = PUBLISHED_SIZES[preset]
+    assert round(stock_count / precision) == round(total / precision)
+    if non_embedding is not None:
+        embedding = stock.get_input_embeddings().weight.numel()
+        assert round((stock_count - embedding) / non_embedding[1]) == round(non_embedding[0] / non_embedding[1])
+
+
+# --- the LoRA recipe ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_lora_targets_are_the_projections_of_every_layer(name):
+    family = family_for_model_type(name)
+    model = trained_lm(name)
+    linear_names = {key.rsplit(".", 1)[-1] for key, module in model.named_modules()
+                    if isinstance(module, torch.nn.Linear) and ".layers." in key}  # fmt: skip
+    assert linear_names == set(family.lora_target_modules)  # every projection of the layers, attention and MLP
+    if name == "phi3":
+        assert set(family.lora_target_modules) == {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
+
+
+# A full recipe run for the family whose LoRA targets differ from Llama's (fused projections), the others under -m slow.
+@pytest.mark.parametrize("name", [name if name == "phi3" else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in FAMILIES])  # fmt: skip
+def test_lora_recipe_upgrades_a_stock_checkpoint_folder_and_merges_exactly(name, tmp_path, corpus):  # noqa: F811
+    from test_recipes import load_recipe
+    from transformers import AutoModelForCausalLM
+
+    from damcha_hf.data import byte_level_tokenizer
+
+    family = family_for_model_type(name)
+    folder = tmp_path / "base"
+    stock = stock_lm(name, vocab_size=257, bos_token_id=256, eos_token_id=256, pad_token_id=256)
+    stock.save_pretrained(folder)
+    byte_level_tokenizer().save_pretrained(folder)
+    recipe = load_recipe("finetune_lora")
+    result = recipe.main([
+        "--base", str(folder), "--data", corpus, "--output-dir", str(tmp_path / "run"), "--max-steps", "2",
+        "--batch-size", "4", "--block-size", "16", "--eval-steps", "2", "--max-eval-samples", "8",
+        "--learning-rate", "1e-2", "--lora-rank", "2", "--metric-hidden-size", "8", "--num-threads", "1", "--merge",
+    ])  # fmt: skip
+    trainable = result["trainable_parameters"]
+    assert trainable and all("lora_" in key or "cross_head_metric" in key for key in trainable)
+    adapted = {key.split("lora_")[0].rstrip(".").rsplit(".", 1)[-1] for key in trainable if "lora_" in key}
+    assert adapted == set(family.lora_target_modules)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "merged").eval()
+    assert type(merged) is family.task_head.model_class
+    merged_weights = merged.state_dict()
+    for key, weight in stock.state_dict().items():  # only the LoRA targets moved, by the merge
+        targeted = any(f".{target}." in key for target in family.lora_target_modules) and key.endswith("weight")
+        assert (not torch.equal(weight, merged_weights[key])) == targeted, key
+    peft_model = recipe.load_adapter(str(folder), str(tmp_path / "run" / "adapter"), metric_hidden_size=8).eval()
+    ids = torch.tensor([list(b"the quick brown fox")])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, peft_model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_lora_recipe_takes_eager_attention_for_gemma2_and_refuses_sdpa(tmp_path, capsys):
+    from test_recipes import load_recipe
+
+    folder = tmp_path / "gemma2"
+    tiny_stock_config("gemma2").save_pretrained(folder)
+    recipe = load_recipe("finetune_lora")
+    assert recipe.parse_args(["--base", str(folder), "--output-dir", str(tmp_path / "a")]).attn == "eager"
+    with pytest.raises(SystemExit) as exit_info:
+        recipe.parse_args(["--base", str(folder), "--attn", "sdpa", "--output-dir", str(tmp_path / "b")])
+    assert exit_info.value.code == 2 and "--attn sdpa: Gemma 2 models run eager" in capsys.readouterr().err
+
+
+# --- the Hub card, push and inspect -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_hub_checkpoint_card_push_and_inspect(name, tmp_path, monkeypatch, capsys):
+    from test_hub import FakeHub
+
+    from damcha_hf.cli import main
+    from damcha_hf.data import byte_level_tokenizer
+    from damcha_hf.hub import push_checkpoint, save_hub_checkpoint
+
+    family = family_for_model_type(name)
+    model = trained_lm(name, attn=backends(name)[-1], vocab_size=257, bos_token_id=256, eos_token_id=256,
+                       pad_token_id=256)  # fmt: skip
+    folder = save_hub_checkpoint(model, tmp_path / name, tokenizer_or_processor=byte_level_tokenizer(),
+                                 heatmap_inputs=tokens(batch=1, seq=8))  # fmt: skip
+    card = (folder / "README.md").read_text()
+    task_class = family.task_head.model_class.__name__
+    assert "pipeline_tag: text-generation" in card and f"- {name}" in card
+    assert f"A {family.display_name} model ({task_class})" in card
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert auto_map == {
+        "AutoConfig": f"configuration_damcha_{name}.{family.config_class.__name__}",
+        **{head.auto_class: f"modeling_damcha_{name}.{head.model_class.__name__}" for head in family.heads},
+    }
+
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(variable, "0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    fake_hub = FakeHub(tmp_path / "hub").install(monkeypatch)
+    push_checkpoint(folder, f"someone/damcha-{name}", token="hf_fake")
+    (pushed,) = [call[2]["files"] for call in fake_hub.calls if call[0] == "create_commit"]
+    code = {f"configuration_damcha_{name}.py", f"modeling_damcha_{name}.py", "decoder_attention.py", "metric.py"}
+    assert code <= set(pushed) and {"model.safetensors", "README.md", "metric_heatmap.png"} <= set(pushed)
+
+    heatmap = tmp_path / "c.png"
+    assert main(["inspect", str(folder), "--output", str(heatmap)]) == 0
+    assert heatmap.is_file() and f"wrote {heatmap} ({model.config.num_hidden_layers} panels)" in capsys.readouterr().out

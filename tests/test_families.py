@@ -434,3 +434,36 @@ def test_checkpoints_load_with_remote_code_without_the_plugin(tmp_path):
             assert class_name == head.model_class.__name__ and module.startswith("transformers_modules."), name
             assert module.endswith("." + head.model_class.__module__.rsplit(".", 1)[-1])  # the copied model file
         assert torch.equal(report["logits"], logits), (name, context)
+
+
+# --- an architecture no family declares -------------------------------------------------------------------------------
+
+
+def unsupported_models():
+    """A stock OPT and a stock Falcon language model from tiny random configs."""
+    opt_config = transformers.OPTConfig(vocab_size=97, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
+                                        num_attention_heads=2, word_embed_proj_dim=16)  # fmt: skip
+    falcon_config = transformers.FalconConfig(vocab_size=97, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    return [transformers.OPTForCausalLM(opt_config), transformers.FalconForCausalLM(falcon_config)]
+
+
+def test_an_unsupported_model_gets_one_line_naming_the_supported_families(tmp_path, capsys):
+    from test_recipes import load_recipe
+
+    supported = [f"{family.display_name} ({family.model_type})" for family in FAMILIES]
+    for model in unsupported_models():
+        with pytest.raises(TypeError) as error:
+            damcha_hf.convert_to_damcha(model)
+        message = str(error.value)
+        assert "\n" not in message and f"a {type(model).__name__} ({model.config.model_type})" in message
+        assert message.endswith(f"supported: {', '.join(supported)}.")
+
+        folder = tmp_path / model.config.model_type
+        model.config.save_pretrained(folder)
+        with pytest.raises(SystemExit) as exit_info:
+            load_recipe("finetune_lora").parse_args(["--base", str(folder), "--output-dir", str(tmp_path / "run")])
+        error_lines = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and f"a '{model.config.model_type}' checkpoint" in error_lines[-1]
+        decoders = [name for name in supported if name != "BART (bart)"]
+        assert f"this recipe adapts {', '.join(decoders)} checkpoints" in error_lines[-1]
+        assert not (tmp_path / "run").exists()

@@ -16,9 +16,12 @@ Public API:
         (DamchaViTConfig.vit_small_patch16_224())
     DamchaBartConfig, DamchaBartModel, DamchaBartForConditionalGeneration, DamchaBartForSequenceClassification,
         DamchaBartForQuestionAnswering, DamchaBartForCausalLM   (encoder-decoder; DamchaBartConfig.bart_base())
+    DamchaMistralConfig, DamchaQwen2Config, DamchaQwen3Config, DamchaPhi3Config, DamchaGemma2Config and their
+        Damcha<Family>Model, ...ForCausalLM, ...ForSequenceClassification, ...ForTokenClassification (and
+        ...ForQuestionAnswering for Mistral, Qwen2 and Qwen3)   the rotary decoders (docs/decoder-families.md)
     DamchaViTDenoiserConfig, DamchaViTDenoiserModel, DamchaViTDenoiserOutput   a diffusion noise predictor on the
         DAMCHA ViT encoder (schedulers and sampling: damcha_hf.diffusion, `pip install damcha-hf[diffusion]`)
-    convert_to_damcha(model, **metric_options)   an in-memory GPT-2, Llama, ViT or BART model -> its DAMCHA counterpart
+    convert_to_damcha(model, **metric_options)   an in-memory model of any family above -> its DAMCHA counterpart
     save_hub_checkpoint, build_model_card, push_checkpoint   Hub export (damcha_hf.hub); write_metric_map (the C heatmap)
 """
 

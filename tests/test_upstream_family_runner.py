@@ -17,7 +17,7 @@ SCRIPT = Path(__file__).resolve().parent / "run_upstream_family_tests.py"
 
 # A per-family test file in the shape of transformers' own: relative imports of the common test modules, the stock
 # classes imported from `transformers`.
-FAMILY_TEST_FILE = '''
+FAMILY_TEST_FILE = """
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ...test_modeling_common import ids_tensor
@@ -34,7 +34,7 @@ def test_a_forward_pass():
     config = Qwen2Config(vocab_size=11, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=2)
     assert Qwen2ForCausalLM(config)(ids_tensor([1, 4], 11)).logits.shape == (1, 4, 11)
-'''
+"""
 
 
 def test_the_damcha_run_substitutes_the_classes_and_lists_what_differs(tmp_path):

@@ -402,3 +402,18 @@ def test_hub_checkpoint_card_push_and_inspect(name, tmp_path, monkeypatch, capsy
     heatmap = tmp_path / "c.png"
     assert main(["inspect", str(folder), "--output", str(heatmap)]) == 0
     assert heatmap.is_file() and f"wrote {heatmap} ({model.config.num_hidden_layers} panels)" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # flex attention without torch.compile takes seconds per call on a CPU
+@pytest.mark.parametrize("name", FAMILIES)
+def test_flex_attention_equals_eager(name):
+    """Flex attention reads the soft-cap from the attention function's arguments (and the window from its block
+    mask), so it sees what the DAMCHA layer passes, unlike eager and SDPA's masks alone."""
+    model = trained_lm(name, attn="eager")
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :2] = 0
+    with torch.no_grad():
+        eager = model(tokens(), attention_mask=mask).logits
+        model.set_attn_implementation("flex_attention")
+        flex = model(tokens(), attention_mask=mask).logits
+    torch.testing.assert_close(flex[mask.bool()], eager[mask.bool()], rtol=1e-4, atol=1e-5)

@@ -61,17 +61,17 @@ ZERO_GENERATOR_VARIABLE = "DAMCHA_ZERO_GENERATOR"
 # tests that need a Hub token (gated checkpoints) are slow integration tests, which never run offline.
 COMPATIBILITY_NAMES = {"require_torch_sdpa": lambda test: test, "require_read_token": lambda test: test}
 
-# The built package's conftest.py: `prepare_test_session` below, run before pytest imports the test files.
+# The built package's conftest.py: `prepare_pytest_run` below, run before pytest imports the test files.
 CONFTEST = f"""import sys
 
 sys.path.insert(0, {str(HERE)!r})
 import run_upstream_family_tests  # noqa: E402
 
-run_upstream_family_tests.prepare_test_session()
+run_upstream_family_tests.prepare_pytest_run()
 """
 
 
-def prepare_test_session() -> None:
+def prepare_pytest_run() -> None:
     """In the pytest process: the compatibility names, then the DAMCHA substitution for the families that
     SUBSTITUTE_VARIABLE names (none: the stock run)."""
     import transformers.testing_utils

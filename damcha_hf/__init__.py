@@ -16,9 +16,12 @@ Public API:
         (DamchaViTConfig.vit_small_patch16_224())
     DamchaBartConfig, DamchaBartModel, DamchaBartForConditionalGeneration, DamchaBartForSequenceClassification,
         DamchaBartForQuestionAnswering, DamchaBartForCausalLM   (encoder-decoder; DamchaBartConfig.bart_base())
+    DamchaMistralConfig, DamchaQwen2Config, DamchaQwen3Config, DamchaPhi3Config, DamchaGemma2Config and their
+        Damcha<Family>Model, ...ForCausalLM, ...ForSequenceClassification, ...ForTokenClassification (and
+        ...ForQuestionAnswering for Mistral, Qwen2 and Qwen3)   the rotary decoders (docs/decoder-families.md)
     DamchaViTDenoiserConfig, DamchaViTDenoiserModel, DamchaViTDenoiserOutput   a diffusion noise predictor on the
         DAMCHA ViT encoder (schedulers and sampling: damcha_hf.diffusion, `pip install damcha-hf[diffusion]`)
-    convert_to_damcha(model, **metric_options)   an in-memory GPT-2, Llama, ViT or BART model -> its DAMCHA counterpart
+    convert_to_damcha(model, **metric_options)   an in-memory model of any family above -> its DAMCHA counterpart
     save_hub_checkpoint, build_model_card, push_checkpoint   Hub export (damcha_hf.hub); write_metric_map (the C heatmap)
 """
 
@@ -73,6 +76,59 @@ _PUBLIC_MODULES = {
         ".modeling.modeling_damcha_bart",
     ),
     **dict.fromkeys(("DamchaViTDenoiserModel", "DamchaViTDenoiserOutput"), ".modeling.modeling_damcha_vit_denoiser"),
+    "DamchaMistralConfig": ".modeling.configuration_damcha_mistral",
+    **dict.fromkeys(
+        (
+            "DamchaMistralModel",
+            "DamchaMistralForCausalLM",
+            "DamchaMistralForSequenceClassification",
+            "DamchaMistralForTokenClassification",
+            "DamchaMistralForQuestionAnswering",
+        ),
+        ".modeling.modeling_damcha_mistral",
+    ),
+    "DamchaQwen2Config": ".modeling.configuration_damcha_qwen2",
+    **dict.fromkeys(
+        (
+            "DamchaQwen2Model",
+            "DamchaQwen2ForCausalLM",
+            "DamchaQwen2ForSequenceClassification",
+            "DamchaQwen2ForTokenClassification",
+            "DamchaQwen2ForQuestionAnswering",
+        ),
+        ".modeling.modeling_damcha_qwen2",
+    ),
+    "DamchaQwen3Config": ".modeling.configuration_damcha_qwen3",
+    **dict.fromkeys(
+        (
+            "DamchaQwen3Model",
+            "DamchaQwen3ForCausalLM",
+            "DamchaQwen3ForSequenceClassification",
+            "DamchaQwen3ForTokenClassification",
+            "DamchaQwen3ForQuestionAnswering",
+        ),
+        ".modeling.modeling_damcha_qwen3",
+    ),
+    "DamchaPhi3Config": ".modeling.configuration_damcha_phi3",
+    **dict.fromkeys(
+        (
+            "DamchaPhi3Model",
+            "DamchaPhi3ForCausalLM",
+            "DamchaPhi3ForSequenceClassification",
+            "DamchaPhi3ForTokenClassification",
+        ),
+        ".modeling.modeling_damcha_phi3",
+    ),
+    "DamchaGemma2Config": ".modeling.configuration_damcha_gemma2",
+    **dict.fromkeys(
+        (
+            "DamchaGemma2Model",
+            "DamchaGemma2ForCausalLM",
+            "DamchaGemma2ForSequenceClassification",
+            "DamchaGemma2ForTokenClassification",
+        ),
+        ".modeling.modeling_damcha_gemma2",
+    ),
     "convert_to_damcha": ".conversion",
     "save_hub_checkpoint": ".hub",
     "build_model_card": ".hub",

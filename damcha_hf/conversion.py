@@ -7,7 +7,7 @@ fine-tuning then learns the metric.
 import torch
 from transformers import PreTrainedModel
 
-from .families import FAMILIES
+from .families import FAMILIES, family_for_model_type, supported_architectures
 from .modeling.damcha_family import DamchaFamily, DamchaHead
 from .modeling.score_mixing import eager_attn_implementation_for
 
@@ -32,8 +32,7 @@ def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedMod
     (eager for talking-heads and DCMHA); its outputs equal the original's to float rounding.
     """
     if type(model) not in CONVERSIONS:
-        supported = ", ".join(cls.__name__ for cls in CONVERSIONS)
-        raise TypeError(f"convert_to_damcha: cannot convert a {type(model).__name__}; supported: {supported}.")
+        raise TypeError(f"convert_to_damcha: {unsupported_model(model)}.")
     family, head = CONVERSIONS[type(model)]
     config_class, damcha_class = family.config_class, head.model_class
     config_dict = model.config.to_dict()
@@ -56,3 +55,16 @@ def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedMod
         )
     damcha.train(model.training)
     return damcha
+
+
+def unsupported_model(model) -> str:
+    """Why `model` does not convert, in one sentence naming what does."""
+    name = type(model).__name__
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    family = family_for_model_type(model_type)
+    if family is None or family not in FAMILIES:
+        return f"a {name} ({model_type or 'no model_type'}) is not an architecture damcha_hf supports; supported: {supported_architectures()}"
+    if model_type == family.damcha_model_type:
+        return f"a {name} is a DAMCHA model already; convert the stock {family.display_name} model it came from"
+    classes = ", ".join(head.stock_class.__name__ for head in family.heads)
+    return f"a {name} is not one of the {family.display_name} classes that convert exactly: {classes}"

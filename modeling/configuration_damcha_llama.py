@@ -3,12 +3,12 @@
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig
 
-from .damcha_config import SCORE_MIXING_VARIANT_NAMES, DamchaConfigMixin, one_line_config_errors
+from .damcha_config import DamchaDecoderConfigMixin, one_line_config_errors
 
 
 @one_line_config_errors
 @strict
-class DamchaLlamaConfig(DamchaConfigMixin, LlamaConfig):
+class DamchaLlamaConfig(DamchaDecoderConfigMixin, LlamaConfig):
     r"""
     Configuration of a [`DamchaLlamaModel`]: every field of [`LlamaConfig`] plus the DAMCHA metric fields below. Any
     Llama `config.json` (Llama 2/3, TinyLlama, SmolLM, ...) loads into it, with the metric fields at their defaults.
@@ -23,9 +23,6 @@ class DamchaLlamaConfig(DamchaConfigMixin, LlamaConfig):
     """
 
     model_type = "damcha_llama"
-
-    def validate_key_value_heads(self):
-        check_key_value_heads(self)
 
     @classmethod
     def tinyllama_1_1b(cls, **overrides) -> "DamchaLlamaConfig":
@@ -45,32 +42,6 @@ class DamchaLlamaConfig(DamchaConfigMixin, LlamaConfig):
             "rms_norm_eps": 1e-5,
         }
         return cls(**{**shape, **overrides})
-
-
-def check_key_value_heads(config: DamchaLlamaConfig) -> None:
-    """Refuse head layouts the cross-head variants cannot run, naming the field and the fix."""
-    name = type(config).__name__
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    if kv_heads <= 0 or heads % kv_heads != 0:
-        raise ValueError(
-            f"{name}: `num_key_value_heads` ({kv_heads}) must divide `num_attention_heads` ({heads}) (grouped-query "
-            "attention); pick a divisor, or leave it unset for multi-head attention."
-        )
-    variant = config.cross_head_variant
-    if variant == "damcha" and config.metric_form == "keys" and kv_heads == 1 and heads > 1:
-        raise ValueError(
-            f"{name}: `num_key_value_heads=1` (multi-query attention) leaves DAMCHA no key/value heads to mix across "
-            "(`C` would be 1 x 1, a per-token rescaling of the one key, not a cross-head metric). Use a checkpoint "
-            "with `num_key_value_heads` >= 2, `metric_form='scores'` (which mixes the query heads' score maps), or "
-            "`cross_head_variant='none'` for the plain model."
-        )
-    if variant in SCORE_MIXING_VARIANT_NAMES and kv_heads != heads:
-        raise ValueError(
-            f"{name}: `cross_head_variant={variant!r}` mixes the score maps of all query heads, which this plugin "
-            f"implements for multi-head attention only, but `num_key_value_heads` ({kv_heads}) is not "
-            f"`num_attention_heads` ({heads}). Use `cross_head_variant='damcha'` or `'none'` for grouped-query "
-            f"models, or set `num_key_value_heads={heads}`."
-        )
 
 
 __all__ = ["DamchaLlamaConfig"]

@@ -245,3 +245,38 @@ class DamchaConfigMixin:
         # after the config was built and validated: validate again so that no override skips it.
         (result[0] if isinstance(result, tuple) else result).validate()
         return result
+
+
+class DamchaDecoderConfigMixin(DamchaConfigMixin):
+    """`DamchaConfigMixin` for the grouped-query decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2), whose
+    `num_key_value_heads` key/value heads each serve a group of query heads: it also refuses the head layouts the
+    cross-head variants cannot run (`check_key_value_heads`)."""
+
+    def validate_key_value_heads(self):
+        check_key_value_heads(self)
+
+
+def check_key_value_heads(config) -> None:
+    """Refuse head layouts the cross-head variants cannot run, naming the field and the fix."""
+    name = type(config).__name__
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if kv_heads <= 0 or heads % kv_heads != 0:
+        raise ValueError(
+            f"{name}: `num_key_value_heads` ({kv_heads}) must divide `num_attention_heads` ({heads}) (grouped-query "
+            "attention); pick a divisor, or leave it unset for multi-head attention."
+        )
+    variant = config.cross_head_variant
+    if variant == "damcha" and config.metric_form == "keys" and kv_heads == 1 and heads > 1:
+        raise ValueError(
+            f"{name}: `num_key_value_heads=1` (multi-query attention) leaves DAMCHA no key/value heads to mix across "
+            "(`C` would be 1 x 1, a per-token rescaling of the one key, not a cross-head metric). Use a checkpoint "
+            "with `num_key_value_heads` >= 2, `metric_form='scores'` (which mixes the query heads' score maps), or "
+            "`cross_head_variant='none'` for the plain model."
+        )
+    if variant in SCORE_MIXING_VARIANT_NAMES and kv_heads != heads:
+        raise ValueError(
+            f"{name}: `cross_head_variant={variant!r}` mixes the score maps of all query heads, which this plugin "
+            f"implements for multi-head attention only, but `num_key_value_heads` ({kv_heads}) is not "
+            f"`num_attention_heads` ({heads}). Use `cross_head_variant='damcha'` or `'none'` for grouped-query "
+            f"models, or set `num_key_value_heads={heads}`."
+        )

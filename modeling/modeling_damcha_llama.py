@@ -11,9 +11,7 @@ Every class inherits its stock class's `__init__` and `forward` (see `damcha_pre
 `past_key_values` before transformers 5.24 and `cache` after, `ALL_ATTENTION_FUNCTIONS`, output recording).
 """
 
-import torch
 from transformers import AutoModel, GenerationMixin
-from transformers.cache_utils import Cache
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
     LlamaForCausalLM,
@@ -28,53 +26,15 @@ from transformers.models.llama.modeling_llama import (
 
 from .configuration_damcha_llama import DamchaLlamaConfig
 from .damcha_family import DamchaFamily, DamchaHead
-from .damcha_pretrained import DamchaAttentionMixin, DamchaPreTrainedMixin, forward_with_cross_head_metric
-from .dispatch import cross_head_attention
-from .metric import CrossHeadMetric
+from .damcha_pretrained import DamchaPreTrainedMixin, forward_with_cross_head_metric
+from .decoder_attention import DamchaDecoderAttentionMixin
 
 
-class DamchaLlamaAttention(DamchaAttentionMixin, LlamaAttention):
-    """Llama self-attention with DAMCHA's cross-head metric; the metric comes in as `cross_head_metric`.
+class DamchaLlamaAttention(DamchaDecoderAttentionMixin, LlamaAttention):
+    """Llama self-attention with DAMCHA's cross-head metric (`decoder_attention.py`)."""
 
-    For `cross_head_variant="talking_heads"` / `"dcmha"` the layer owns its head-mixing module, `cross_head_mixing`.
-    """
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        cache: Cache | None = None,
-        cross_head_metric: CrossHeadMetric | None = None,
-        past_key_values: Cache | None = None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # The cache is `cache` from transformers 5.24 on and `past_key_values` before (the decoder layer passes it by
-        # name); `output_attentions` is answered by transformers' output recording, which reads the returned weights.
-        kwargs.pop("output_attentions", None)
-        head_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
-        query, key, value = (
-            projection(hidden_states).view(head_shape).transpose(1, 2)
-            for projection in (self.q_proj, self.k_proj, self.v_proj)
-        )
-        cos, sin = position_embeddings
-        query, key = apply_rotary_pos_emb(query, key, cos, sin)
-        attn_output, attn_weights = cross_head_attention(
-            self,
-            hidden_states,
-            query,
-            key,
-            value,
-            attention_mask,
-            metric=cross_head_metric,
-            default_attention=eager_attention_forward,
-            dropout=self.attention_dropout if self.training else 0.0,
-            cache=cache,
-            past_key_values=past_key_values,
-            **kwargs,
-        )
-        attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
-        return self.o_proj(attn_output), attn_weights
+    rotary_embedding = staticmethod(apply_rotary_pos_emb)
+    stock_eager_attention = staticmethod(eager_attention_forward)
 
 
 class DamchaLlamaPreTrainedModel(DamchaPreTrainedMixin, LlamaPreTrainedModel):

@@ -68,9 +68,12 @@ def score_mixing_attention(
     key_weights: torch.Tensor | None = None,
     scaling: float,
     dropout: float = 0.0,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager attention whose score maps are mixed across heads before and after the softmax (talking-heads, DCMHA).
 
+    A logit soft-cap (Gemma 2's `softcap * tanh(logit / softcap)`) bounds each head's logits as they enter the
+    softmax, as the stock eager attention bounds its heads': after the mixing, before the mask.
     The logits are mixed first and masked after, so that the mask's large negative values never enter a mix; each
     entry `(t, s)` is mixed only with entry `(t, s)` of the other heads, so a masked (future) key reaches nothing but
     masked entries. After the softmax the masked entries are zero in every head and mixing keeps them zero.
@@ -81,6 +84,8 @@ def score_mixing_attention(
         key, value = (t.repeat_interleave(query.shape[1] // key.shape[1], dim=1) for t in (key, value))
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     scores = mixing.mix_logits(scores, query_weights, key_weights)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]
         if attention_mask.dtype == torch.bool:
@@ -125,6 +130,9 @@ def score_mixing_cross_head_attention(
     config = module.config
     if config._attn_implementation not in (None, "eager"):
         eager_attn_implementation_for(config, config._attn_implementation)  # raises the error that names the fix
+    # The attention function's other keyword arguments (a sliding window, which the mask already applies in eager
+    # attention) act through the mask; the soft-cap acts on the logits.
+    softcap = kwargs.pop("softcap", None)
     query_weights, key_weights = mixing.dynamic_weights(hidden_states, key_states)
     if key_weights is not None:
         key = torch.cat([key, key_weights.to(key.dtype)], dim=-1)
@@ -144,4 +152,5 @@ def score_mixing_cross_head_attention(
         key_weights=key_weights,
         scaling=module.scaling,
         dropout=dropout,
+        softcap=softcap,
     )

@@ -1,20 +1,24 @@
 #!/usr/bin/env python
-"""DAMCHA-upgrade a pretrained GPT-2, Llama or ViT cheaply: LoRA on the attention and MLP projections, the metric generator
-trained in full (PEFT `modules_to_save=["cross_head_metric"]`), everything else frozen.
+"""DAMCHA-upgrade a pretrained decoder (GPT-2, Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2) or ViT cheaply: LoRA on
+the attention and MLP projections, the metric generator trained in full (PEFT `modules_to_save=["cross_head_metric"]`),
+everything else frozen.
 
     # GPT-2 (a local GPT-2 or DAMCHA GPT-2 checkpoint folder), language modelling on local text:
     python recipes/finetune_lora.py --base path/to/gpt2 --data corpus.txt --output-dir runs/lora-gpt2 --merge
     # Llama (Llama 2/3, TinyLlama, SmolLM, ...; grouped-query attention included), the same way:
     python recipes/finetune_lora.py --base path/to/tinyllama --data corpus.txt --output-dir runs/lora-llama --merge
+    # Mistral, Qwen2 / Qwen2.5, Qwen3, Phi-3 and Gemma 2 the same way (a local folder of the checkpoint):
+    python recipes/finetune_lora.py --base path/to/qwen2.5-0.5b --data corpus.txt --output-dir runs/lora-qwen2 --merge
     # ViT (a local ViT or DAMCHA ViT checkpoint folder), classification on an image folder or Fashion-MNIST:
     python recipes/finetune_lora.py --base path/to/vit --data path/to/images --output-dir runs/lora-vit --merge
 
-A plain GPT-2 / Llama / ViT checkpoint is converted with `damcha_hf.convert_to_damcha` (every weight kept, generator
-at zero, so training starts from the pretrained model's exact outputs). The architecture is read from the checkpoint's
+A plain (stock) checkpoint is converted with `damcha_hf.convert_to_damcha` (every weight kept, generator at zero, so
+training starts from the pretrained model's exact outputs). The architecture is read from the checkpoint's
 `model_type`, and everything the recipe needs about it from its family declaration (`damcha_hf.families`). LoRA
-targets: GPT-2 `c_attn`, `c_proj`, `c_fc`; Llama `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`,
-`down_proj`; ViT `q_proj`, `k_proj`, `v_proj`, `o_proj`, `fc1`, `fc2` (the ViT classifier is trained in full too,
-since a new dataset needs a new head). The adapter goes to `<output-dir>/adapter`; with `--merge` the LoRA weights are merged
+targets: GPT-2 `c_attn`, `c_proj`, `c_fc`; Llama, Mistral, Qwen2, Qwen3 and Gemma 2 `q_proj`, `k_proj`, `v_proj`,
+`o_proj`, `gate_proj`, `up_proj`, `down_proj`; Phi-3 its fused `qkv_proj` and `gate_up_proj`, and `o_proj`,
+`down_proj`; ViT `q_proj`, `k_proj`, `v_proj`, `o_proj`, `fc1`, `fc2` (the ViT classifier is trained in full too, since
+a new dataset needs a new head). The adapter goes to `<output-dir>/adapter`; with `--merge` the LoRA weights are merged
 and `<output-dir>/merged` is a plain DAMCHA checkpoint (no PEFT needed to load it).
 
 A language model's adapter reloads with plain PEFT: the DAMCHA model LoRA was trained on (the converted base, with its
@@ -44,7 +48,8 @@ import common  # standard library only: torch, transformers and peft are importe
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = common.checks.ArgumentParser(description=__doc__, formatter_class=common.checks.HelpFormatter)
-    parser.add_argument("--base", required=True, help="a local GPT-2 / Llama / ViT (or DAMCHA) checkpoint folder")
+    parser.add_argument("--base", required=True, help="a local checkpoint folder (stock or DAMCHA) of GPT-2, Llama, "
+                        "Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 or ViT")  # fmt: skip
     lora = parser.add_argument_group("LoRA")
     lora.add_argument("--lora-rank", type=common.checks.positive_int, default=8)
     lora.add_argument("--lora-alpha", type=common.checks.positive_float, default=16)
@@ -55,8 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "your-name/damcha-gpt2-base), written as the adapter's base_model_name_or_path so that "
                       "AutoPeftModelForCausalLM loads the adapter anywhere (default: <output-dir>/base relative to "
                       "the current folder, or ../base when the run folder is outside it)")  # fmt: skip
-    data = parser.add_argument_group("data (GPT-2, Llama: text; ViT: images)")
-    data.add_argument("--data", help="GPT-2, Llama: text file/folder/glob/'stdlib'/'gcide'; ViT: image folder or "
+    data = parser.add_argument_group("data (decoders: text; ViT: images)")
+    data.add_argument("--data", help="decoders: text file/folder/glob/'stdlib'/'gcide'; ViT: image folder or "
                       "'fashion-mnist' (default: 'stdlib' or 'fashion-mnist')")  # fmt: skip
     data.add_argument("--file-pattern", default="**/*.txt")
     data.add_argument("--max-data-bytes", type=common.checks.positive_int)
@@ -79,6 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if str(common.saved_model_type(args.base)).endswith("bart"):
         parser.error(f"--base {args.base}: a BART encoder-decoder; this recipe adapts decoder language models and "
                      "image classifiers: train BART with recipes/train_bart.py")  # fmt: skip
+    check_base_architecture(parser, args)
     if str(common.saved_model_type(args.base)).endswith("vit"):
         if args.data is not None:
             common.check_image_data(parser, args.data)
@@ -94,6 +100,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                      "--base-model-id (e.g. your-name/damcha-base), the adapter's with --hub-model-id")  # fmt: skip
     args.tokenizer = "byte"
     return args
+
+
+def check_base_architecture(parser, args) -> None:
+    """Refuse a --base of an architecture no family declares, naming the ones this recipe adapts; take eager attention
+    for a family whose stock model runs no SDPA (Gemma 2: SDPA cannot soft-cap the logits) unless --attn says more."""
+    from damcha_hf.families import FAMILIES, family_for_model_type, supported_architectures
+
+    model_type = common.saved_model_type(args.base)
+    family = family_for_model_type(model_type)
+    if family is None:
+        adapted = supported_architectures([family for family in FAMILIES if not family.encoder_decoder])
+        parser.error(f"--base {args.base}: a {model_type!r} checkpoint, an architecture damcha_hf does not support; "
+                     f"this recipe adapts {adapted} checkpoints and their DAMCHA versions")  # fmt: skip
+    if args.attn == "sdpa" and not family.task_head.model_class._supports_sdpa:
+        if "attn" in args.explicit:
+            parser.error(f"--attn sdpa: {family.display_name} models run eager, flash or flex attention, not SDPA (as "
+                         "in transformers); use --attn eager")  # fmt: skip
+        args.attn = "eager"
 
 
 def load_base(args):

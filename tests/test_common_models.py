@@ -1,11 +1,12 @@
-"""transformers' own common model tests (`ModelTesterMixin`, `ConfigTester`) run against the DAMCHA GPT-2, Llama, ViT
-and BART classes, as transformers runs them against GPT-2, Llama, ViT and BART.
+"""transformers' own common model tests (`ModelTesterMixin`, `ConfigTester`) run against the DAMCHA GPT-2, Llama, ViT,
+BART, Mistral, Qwen2, Qwen3, Phi-3 and Gemma 2 classes, as transformers runs them against its own.
 
 The mixins come from the installed transformers release's own sdist (`upstream_common_tests.py`: downloaded once per
 version into a cache outside the repository); without a reachable package index this file skips with the reason.
-Each family runs twice: with the metric generator's output layer at zero (a fresh DAMCHA model, exactly multi-head
-attention) and with random non-zero generator weights (a trained one), so that the contract holds where the
-cross-head metric really changes the attention. Generation is covered by `tests/test_contract.py`.
+GPT-2, Llama, ViT and BART run twice: with the metric generator's output layer at zero (a fresh DAMCHA model, exactly
+multi-head attention) and with random non-zero generator weights (a trained one), so that the contract holds where
+the cross-head metric really changes the attention; Mistral, Qwen2, Qwen3, Phi-3 and Gemma 2, whose attention is
+Llama's with their own details, run once, with random generator weights. Generation is covered by `tests/test_contract.py`.
 
 Run with `python -m pytest -m common` (left out of the default suite for time).
 """
@@ -17,6 +18,7 @@ from unittest import mock
 import pytest
 import torch
 from parameterized import parameterized
+from tiny_decoders import STOCK_CONFIGS, tiny_damcha_config
 from torch import nn
 from transformers import GPT2DoubleHeadsModel
 from transformers.models.auto.auto_factory import get_values
@@ -28,7 +30,7 @@ from transformers.models.auto.modeling_auto import (
 from upstream_common_tests import CommonTestsUnavailable, import_common_tests
 
 from damcha_hf import DamchaBartConfig, DamchaGPT2Config, DamchaLlamaConfig, DamchaViTConfig
-from damcha_hf.families import BART_FAMILY, FAMILIES, GPT2_FAMILY, LLAMA_FAMILY, VIT_FAMILY
+from damcha_hf.families import BART_FAMILY, FAMILIES, GPT2_FAMILY, LLAMA_FAMILY, VIT_FAMILY, family_for_model_type
 from damcha_hf.modeling import modeling_damcha_bart
 
 pytestmark = pytest.mark.common
@@ -320,6 +322,77 @@ class DamchaLlamaRandomGeneratorCommonTest(DamchaLlamaCommonTest):
     random_generator = True
 
 
+# --- Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 ----------------------------------------------------------------------------
+
+
+class DamchaDecoderModelTester(DamchaLlamaModelTester):
+    """The Llama tester's sizes (transformers' `CausalLMModelTester`: 4 query heads sharing 2 key/value heads) for a
+    rotary decoder family, with its details on (`tiny_decoders.py`: sliding windows of 4 in the 7-token inputs,
+    Qwen2's biases, Qwen3's q/k norms, Phi-3's fused projection and partial rotation, Gemma 2's soft-cap and scale)."""
+
+    def __init__(self, parent, model_type: str, **sizes):
+        super().__init__(parent, **sizes)
+        self.model_type = model_type
+
+    def get_config(self):
+        return tiny_damcha_config(
+            self.model_type,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            intermediate_size=37,
+            max_position_embeddings=512,
+            attention_dropout=0.1,
+            initializer_range=0.02,
+            num_labels=self.num_labels,
+            metric_hidden_size=8,
+            metric_context=self.metric_context,
+        )
+
+
+def decoder_common_test(model_type: str) -> type:
+    """The common tests of a rotary decoder family, run once, with random non-zero generator weights: the zero
+    generator is the stock model (test_families.py checks conversion equals it), and the random one is where the
+    cross-head metric changes the attention."""
+    family = family_for_model_type(model_type)
+
+    class DecoderCommonTest(DamchaTesterMixin, GenerationTesterMixin, unittest.TestCase):
+        all_model_classes = tuple(head.model_class for head in family.heads)
+        random_generator = True
+
+        def set_up_testers(self):
+            self.model_tester = DamchaDecoderModelTester(self, model_type)
+            self.config_tester = ConfigTester(self, config_class=family.config_class, hidden_size=36,
+                                              num_attention_heads=12, num_key_value_heads=4)  # fmt: skip
+
+        def test_config(self):
+            self.config_tester.run_common_tests()
+
+    for test_name, reason in STOCK_SKIPS.get(model_type, {}).items():
+        setattr(DecoderCommonTest, test_name, unittest.skip(reason)(lambda self: None))
+    DecoderCommonTest.__name__ = DecoderCommonTest.__qualname__ = f"{family.config_class.__name__[:-6]}CommonTest"
+    return DecoderCommonTest
+
+
+# Tests the stock config of a family refuses the inputs of, by the stock config's own check.
+PHI3_ROPE = ("Phi-3's config takes only `longrope` scaling: stock Phi3Config refuses the linear, dynamic and yarn "
+             "scaling this test sets (`validate_rope`)")  # fmt: skip
+STOCK_SKIPS = {
+    "phi3": {f"test_model_rope_scaling_from_config_{case}": PHI3_ROPE for case in ("0_linear", "1_dynamic", "2_yarn")}
+}
+
+
+DamchaMistralCommonTest = decoder_common_test("mistral")
+DamchaQwen2CommonTest = decoder_common_test("qwen2")
+DamchaQwen3CommonTest = decoder_common_test("qwen3")
+DamchaPhi3CommonTest = decoder_common_test("phi3")
+DamchaGemma2CommonTest = decoder_common_test("gemma2")
+DECODER_COMMON_TESTS = (DamchaMistralCommonTest, DamchaQwen2CommonTest, DamchaQwen3CommonTest, DamchaPhi3CommonTest,
+                        DamchaGemma2CommonTest)  # fmt: skip
+
+
 # --- ViT --------------------------------------------------------------------------------------------------------------
 
 
@@ -535,3 +608,5 @@ def test_every_head_of_every_family_runs_the_common_tests():
     assert set(DamchaViTCommonTest.all_model_classes) == {head.model_class for head in VIT_FAMILY.heads}
     bart_classes = set(DamchaBartCommonTest.all_model_classes) | set(DamchaBartDecoderCommonTest.all_model_classes)
     assert bart_classes == {head.model_class for head in BART_FAMILY.heads}
+    for test, model_type in zip(DECODER_COMMON_TESTS, STOCK_CONFIGS, strict=True):
+        assert set(test.all_model_classes) == {head.model_class for head in family_for_model_type(model_type).heads}

@@ -17,6 +17,7 @@ from conftest import (
     tiny_damcha_llama_config,
     tiny_damcha_vit_config,
 )
+from tiny_decoders import STOCK_CONFIGS, tiny_damcha_config
 from torch._dynamo.utils import counters
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 from transformers.models.gpt2 import modeling_gpt2
@@ -26,7 +27,7 @@ from transformers.models.vit import modeling_vit
 import damcha_hf
 from damcha_hf import DamchaGPT2LMHeadModel, DamchaViTModel
 from damcha_hf.families import FAMILIES
-from damcha_hf.modeling import modeling_damcha_gpt2, modeling_damcha_llama, modeling_damcha_vit
+from damcha_hf.modeling import damcha_pretrained, modeling_damcha_gpt2, modeling_damcha_llama, modeling_damcha_vit
 
 # (cross_head_variant, metric_context): every attention a causal DAMCHA model can run.
 CAUSAL_SETTINGS = [
@@ -157,7 +158,12 @@ PARITY_PAIRS = [
     (modeling_damcha_llama.DamchaLlamaAttention, modeling_llama.LlamaAttention, {"layer_idx": 1}),
     (modeling_damcha_vit.DamchaViTAttention, modeling_vit.ViTAttention, {"layer_idx": 1}),
     (modeling_damcha_vit.DamchaViTModel, modeling_vit.ViTModel, {"add_pooling_layer": False, "use_mask_token": True}),
-] + [(head.model_class, head.stock_class, {}) for family in FAMILIES for head in family.heads]
+] + [
+    # The rotary decoders' attention layers (Mistral, Qwen2, Qwen3, Phi-3, Gemma 2).
+    (attention, damcha_pretrained.stock_class_of(attention), {"layer_idx": 1})
+    for attention in (family.task_head.model_class.damcha_attention_class for family in FAMILIES
+                      if family.model_type in STOCK_CONFIGS)
+] + [(head.model_class, head.stock_class, {}) for family in FAMILIES for head in family.heads]  # fmt: skip
 # What DAMCHA adds: its metric generator and the baselines' mixing modules; the metric and the token mask of
 # `"sequence"` handed down with each call; the layer index its ViT layers are built with (it picks the generator).
 DAMCHA_MODULES = {"cross_head_metric", "cross_head_mixing"}
@@ -176,6 +182,9 @@ def _build(cls, kwargs, config):
 
 
 def _config_for(damcha_class):
+    model_type = damcha_class.__module__.rpartition("_damcha_")[2]
+    if model_type in STOCK_CONFIGS:
+        return tiny_damcha_config(model_type, num_labels=3)
     if damcha_class.__module__.endswith("gpt2"):
         return tiny_damcha_gpt2_config(add_cross_attention=True, num_labels=3)
     if damcha_class.__module__.endswith("llama"):

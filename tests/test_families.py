@@ -19,6 +19,7 @@ import torch
 import transformers
 from conftest import TINY_VIT, randomize_metric, tiny_bart_config, tiny_gpt2_config, tiny_llama_config
 from test_remote_code import load_checkpoints_in_fresh_process
+from tiny_decoders import tiny_stock_config
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 import damcha_hf
@@ -32,6 +33,9 @@ class FamilyCase:
     stock_config: Callable[[], transformers.PretrainedConfig]  # a tiny config of the stock architecture
     inputs: Callable[[], dict]  # a batch for any head of the family
     contexts: tuple[str, ...]  # the metric contexts the family offers
+    # The attention backends the stock class runs, the last one the default here (stock Gemma 2 refuses SDPA, which
+    # cannot soft-cap the logits).
+    attn_implementations: tuple[str, ...] = ("eager", "sdpa")
 
 
 def text_inputs() -> dict:
@@ -59,12 +63,26 @@ CASES = {
                       ("sequence", "token", "query")),
     "bart": FamilyCase(damcha_hf.families.BART_FAMILY, lambda: tiny_bart_config(num_labels=3), source_inputs,
                        ("token", "query")),
+    "mistral": FamilyCase(damcha_hf.families.MISTRAL_FAMILY, lambda: tiny_stock_config("mistral", num_labels=3),
+                          text_inputs, ("token", "query")),
+    "qwen2": FamilyCase(damcha_hf.families.QWEN2_FAMILY, lambda: tiny_stock_config("qwen2", num_labels=3),
+                        text_inputs, ("token", "query")),
+    "qwen3": FamilyCase(damcha_hf.families.QWEN3_FAMILY, lambda: tiny_stock_config("qwen3", num_labels=3),
+                        text_inputs, ("token", "query")),
+    "phi3": FamilyCase(damcha_hf.families.PHI3_FAMILY, lambda: tiny_stock_config("phi3", num_labels=3),
+                       text_inputs, ("token", "query")),
+    "gemma2": FamilyCase(damcha_hf.families.GEMMA2_FAMILY, lambda: tiny_stock_config("gemma2", num_labels=3),
+                         text_inputs, ("token", "query"), attn_implementations=("eager",)),
 }  # fmt: skip
 HEADS = [(name, head) for name, case in CASES.items() for head in case.family.heads]
+HEAD_BACKENDS = [(name, head, attn) for name, head in HEADS for attn in CASES[name].attn_implementations]
 CONTEXTS = [(name, context) for name, case in CASES.items() for context in case.contexts]
+SDPA_CONTEXTS = [(name, context) for name, context in CONTEXTS if "sdpa" in CASES[name].attn_implementations]
 # Decoder-only generation; an encoder-decoder's is checked in test_bart.py.
 CAUSAL_CONTEXTS = [(name, context) for name, context in CONTEXTS
                    if CASES[name].family.causal and not CASES[name].family.encoder_decoder]  # fmt: skip
+CAUSAL_BACKENDS = [(name, context, attn) for name, context in CAUSAL_CONTEXTS
+                   for attn in CASES[name].attn_implementations]  # fmt: skip
 # Every head with the family's first context, and the task head with each other context.
 SAVE_CASES = [(name, head, CASES[name].contexts[0]) for name, head in HEADS] + [
     (name, CASES[name].family.task_head, context) for name, context in CONTEXTS if context != CASES[name].contexts[0]
@@ -129,10 +147,11 @@ def left_padded(input_ids: torch.Tensor, padding: int = 3) -> torch.Tensor:
     return mask
 
 
-def trained_model(name: str, head: DamchaHead | None = None, attn: str = "sdpa", **options):
+def trained_model(name: str, head: DamchaHead | None = None, attn: str | None = None, **options):
     """A DAMCHA model of the family's task head (or `head`), converted from a random stock model, with a non-zero
-    ("trained") metric generator."""
+    ("trained") metric generator; `attn` defaults to the family's default backend here."""
     case = CASES[name]
+    attn = attn or case.attn_implementations[-1]
     head = head or case.family.task_head
     stock = head.stock_class(case.stock_config()).eval()
     model = damcha_hf.convert_to_damcha(stock, **options).eval()
@@ -162,8 +181,7 @@ def test_every_family_has_a_case_and_a_consistent_declaration():
 
 
 @pytest.mark.parametrize("sharing", ["stack", "layer"])
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-@pytest.mark.parametrize("name, head", HEADS, ids=head_id)
+@pytest.mark.parametrize("name, head, attn", HEAD_BACKENDS, ids=head_id)
 def test_conversion_equals_the_stock_model(name, head, attn, sharing):
     case = CASES[name]
     # float64: the two models' rounding (within 1/14 of the tolerance in float32 on one x86-64 CPU) far below it
@@ -182,6 +200,31 @@ def test_conversion_equals_the_stock_model(name, head, attn, sharing):
         torch.testing.assert_close(first_output(got), first_output(expected), rtol=0, atol=1e-5)
         for got_hidden, expected_hidden in zip(hidden_states_of(got), hidden_states_of(expected), strict=True):
             torch.testing.assert_close(got_hidden, expected_hidden, rtol=0, atol=1e-5)
+
+
+# (cross_head_variant, metric_form): every attention a family converts to; talking-heads and DCMHA mix the score maps
+# of all query heads, which is offered for multi-head attention only.
+VARIANTS = [("damcha", "keys"), ("damcha", "scores"), ("talking_heads", "keys"), ("dcmha", "keys"), ("none", "keys")]
+
+
+@pytest.mark.parametrize("variant, form", VARIANTS, ids=["damcha-keys", "damcha-scores", "talking_heads", "dcmha",
+                                                         "none"])  # fmt: skip
+@pytest.mark.parametrize("name", CASES)
+def test_every_cross_head_variant_converts_exactly(name, variant, form):
+    case = CASES[name]
+    head = case.family.task_head
+    config = case.stock_config()
+    if variant in ("talking_heads", "dcmha") and hasattr(config, "num_key_value_heads"):
+        config.num_key_value_heads = config.num_attention_heads
+    stock = head.stock_class(config).eval()
+    for context in case.contexts if variant == "damcha" else case.contexts[:1]:
+        damcha = damcha_hf.convert_to_damcha(
+            stock, cross_head_variant=variant, metric_form=form, metric_context=context
+        )
+        assert type(damcha) is head.model_class and damcha.config.cross_head_variant == variant
+        with torch.no_grad():
+            torch.testing.assert_close(first_output(damcha(**case.inputs())), first_output(stock(**case.inputs())),
+                                       rtol=0, atol=1e-5)  # fmt: skip
 
 
 @pytest.mark.parametrize("name, context", CONTEXTS)
@@ -203,7 +246,7 @@ def test_loading_a_stock_checkpoint_keeps_every_weight_and_equals_the_stock_mode
 # --- inference paths --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, context", CONTEXTS)
+@pytest.mark.parametrize("name, context", SDPA_CONTEXTS)
 def test_eager_equals_sdpa(name, context):
     model = trained_model(name, attn="eager", metric_context=context)
     inputs = CASES[name].inputs()
@@ -256,8 +299,7 @@ def generate(model, prompt, attention_mask, **settings):
                           output_logits=True, return_dict_in_generate=True, **settings)  # fmt: skip
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-@pytest.mark.parametrize("name, context", CAUSAL_CONTEXTS)
+@pytest.mark.parametrize("name, context, attn", CAUSAL_BACKENDS)
 def test_generation_with_a_dynamic_or_static_cache_equals_without_and_the_full_forward(name, context, attn):
     model = trained_model(name, attn=attn, metric_context=context)
     prompt = CASES[name].inputs()["input_ids"][:, :6]
@@ -399,3 +441,36 @@ def test_checkpoints_load_with_remote_code_without_the_plugin(tmp_path):
             assert class_name == head.model_class.__name__ and module.startswith("transformers_modules."), name
             assert module.endswith("." + head.model_class.__module__.rsplit(".", 1)[-1])  # the copied model file
         assert torch.equal(report["logits"], logits), (name, context)
+
+
+# --- an architecture no family declares -------------------------------------------------------------------------------
+
+
+def unsupported_models():
+    """A stock OPT and a stock Falcon language model from tiny random configs."""
+    opt_config = transformers.OPTConfig(vocab_size=97, hidden_size=16, num_hidden_layers=1, ffn_dim=32,
+                                        num_attention_heads=2, word_embed_proj_dim=16)  # fmt: skip
+    falcon_config = transformers.FalconConfig(vocab_size=97, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    return [transformers.OPTForCausalLM(opt_config), transformers.FalconForCausalLM(falcon_config)]
+
+
+def test_an_unsupported_model_gets_one_line_naming_the_supported_families(tmp_path, capsys):
+    from test_recipes import load_recipe
+
+    supported = [f"{family.display_name} ({family.model_type})" for family in FAMILIES]
+    for model in unsupported_models():
+        with pytest.raises(TypeError) as error:
+            damcha_hf.convert_to_damcha(model)
+        message = str(error.value)
+        assert "\n" not in message and f"a {type(model).__name__} ({model.config.model_type})" in message
+        assert message.endswith(f"supported: {', '.join(supported)}.")
+
+        folder = tmp_path / model.config.model_type
+        model.config.save_pretrained(folder)
+        with pytest.raises(SystemExit) as exit_info:
+            load_recipe("finetune_lora").parse_args(["--base", str(folder), "--output-dir", str(tmp_path / "run")])
+        error_lines = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and f"a '{model.config.model_type}' checkpoint" in error_lines[-1]
+        decoders = [name for name in supported if name != "BART (bart)"]
+        assert f"this recipe adapts {', '.join(decoders)} checkpoints" in error_lines[-1]
+        assert not (tmp_path / "run").exists()

@@ -77,7 +77,7 @@ def test_attention_layer_matches_head_pair_oracle(context, mask, attn):
 
 
 def test_convert_rejects_unsupported_models():
-    with pytest.raises(TypeError, match="supported: GPT2Model"):
+    with pytest.raises(TypeError, match=r"supported: GPT-2 \(gpt2\), Llama \(llama\)"):
         damcha_hf.convert_to_damcha(torch.nn.Linear(2, 2))
 
 

@@ -321,6 +321,11 @@ CONFIG_CLASSES = {
     "vit": damcha_hf.DamchaViTConfig,
     "bart": damcha_hf.DamchaBartConfig,
     "vit_denoiser": damcha_hf.DamchaViTDenoiserConfig,
+    "mistral": damcha_hf.DamchaMistralConfig,
+    "qwen2": damcha_hf.DamchaQwen2Config,
+    "qwen3": damcha_hf.DamchaQwen3Config,
+    "phi3": damcha_hf.DamchaPhi3Config,
+    "gemma2": damcha_hf.DamchaGemma2Config,
 }
 CHOICE_FIELDS = {
     "cross_head_variant": CROSS_HEAD_VARIANTS,
@@ -379,11 +384,13 @@ def test_config_errors_across_fields_and_of_stock_fields_are_one_line_value_erro
     cases = [({width: 30, heads: 4}, ("(30)", "(4)"))]
     if config_class.damcha_causal:
         cases.append(({"metric_context": "sequence"}, ("`metric_context='sequence'`", "use `metric_context='token'`")))
-    stock_field = "vocab_size" if family in ("gpt2", "llama", "bart") else "image_size"
+    stock_field = "image_size" if family in ("vit", "vit_denoiser") else "vocab_size"
     cases.append(({stock_field: "many"}, (stock_field, "'many'", "give")))
     for fields, expected in cases:
         if family == "bart" and width in fields:
             fields = {**fields, "decoder_attention_heads": 4}
+        if hasattr(config_class(), "num_key_value_heads") and width in fields:  # a preset's 8 would not divide 4
+            fields = {**fields, "num_key_value_heads": 4}
         with pytest.raises(ValueError) as error:
             config_class(**fields)
         assert "\n" not in str(error.value) and all(text in str(error.value) for text in expected), str(error.value)

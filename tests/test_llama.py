@@ -3,10 +3,10 @@ with RoPE, the metric shapes, the cache size, tied embeddings, presets, the heat
 (conversion, cache, padding, save/load, remote code) is in test_families.py, on grouped-query Llama."""
 
 import json
-import math
 
 import pytest
 import torch
+from attention_oracle import oracle_attention_heads, oracle_cross_head, rotate
 from conftest import CACHE_ARGUMENT, randomize_metric, tiny_damcha_llama_config, tiny_llama_config
 from transformers import (
     LlamaForCausalLM,
@@ -41,50 +41,16 @@ def damcha_lm(context="token", attn="sdpa", kv_heads=2, randomize=True, **overri
 # --- the attention layer against a head-pair oracle ----------------------------------------------------------
 
 
-def rotate(x, position, base):
-    """RoPE written out: rotate each pair (x[k], x[k + d/2]) by the angle position * base^(-2k/d)."""
-    half = x.shape[-1] // 2
-    angle = position * base ** (-torch.arange(half, dtype=torch.float64) * 2 / x.shape[-1])
-    cos, sin = angle.cos().float(), angle.sin().float()
-    first, second = x[..., :half], x[..., half:]
-    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
-
-
-def oracle_cross_head(metric, z, rows, columns, mask):
-    """C(z) from the generator's weights; the identity of grouped-query attention maps query head i to group i // g."""
-    generator = metric.generators[0]
-    hidden = torch.nn.functional.gelu(z @ generator.fc_in.weight.T + generator.fc_in.bias)
-    offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).reshape(rows, columns)
-    identity = torch.zeros(rows, columns)
-    for i in range(rows):
-        identity[i, i // (rows // columns)] = 1.0
-    return {"full": identity + offsets, "diagonal": identity * (1 + offsets), "offdiagonal": offsets * (1 - identity)}[
-        mask
-    ]
-
-
 def oracle_attention(attention, metric, x, positions, context, mask, base):
     """One Llama attention layer by hand: RoPE'd heads, every (query head, key head) pair weighted by C, causal."""
     batch, seq, _ = x.shape
     heads, kv_heads, head_dim = attention.config.num_attention_heads, attention.config.num_key_value_heads, 8
-    group = heads // kv_heads
     q = (x @ attention.q_proj.weight.T).reshape(batch, seq, heads, head_dim)
     k = (x @ attention.k_proj.weight.T).reshape(batch, seq, kv_heads, head_dim)
     v = (x @ attention.v_proj.weight.T).reshape(batch, seq, kv_heads, head_dim)
     q = torch.stack([rotate(q[:, t], positions[t], base) for t in range(seq)], dim=1)
     k = torch.stack([rotate(k[:, t], positions[t], base) for t in range(seq)], dim=1)
-    out = torch.zeros(batch, seq, heads, head_dim)
-    for b in range(batch):
-        for i in range(heads):
-            scores = torch.full((seq, seq), float("-inf"))
-            for t in range(seq):
-                for s in range(t + 1):
-                    if context == "query":  # C is H x H_kv, from the query token
-                        weights = oracle_cross_head(metric, x[b, t], heads, kv_heads, mask)[i]
-                    else:  # C is H_kv x H_kv, from the key token; head i reads its group's mixed key
-                        weights = oracle_cross_head(metric, x[b, s], kv_heads, kv_heads, mask)[i // group]
-                    scores[t, s] = sum(weights[j] * (q[b, t, i] @ k[b, s, j]) for j in range(kv_heads))
-            out[b, :, i] = torch.softmax(scores / math.sqrt(head_dim), dim=-1) @ v[b, :, i // group]
+    out = oracle_attention_heads(q, k, v, x, metric, context, scaling=head_dim**-0.5, mask=mask)
     return out.reshape(batch, seq, heads * head_dim) @ attention.o_proj.weight.T
 
 

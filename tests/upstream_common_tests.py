@@ -56,7 +56,7 @@ def relative_imports(module: str, source: str) -> list[str]:
     return found
 
 
-def extract_common_tests(sdist: Path, destination: Path) -> list[str]:
+def extract_common_tests(sdist: Path, destination: Path, entry_modules=ENTRY_MODULES) -> list[str]:
     """Extract the entry modules and, transitively, every module they import relatively from `tests/` of `sdist`.
 
     Returns the modules imported but absent from the sdist (the stand-ins answer for them).
@@ -64,7 +64,7 @@ def extract_common_tests(sdist: Path, destination: Path) -> list[str]:
     missing = []
     with tarfile.open(sdist) as archive:
         tests_prefix = archive.getnames()[0].split("/")[0] + "/tests/"
-        pending, seen = list(ENTRY_MODULES), set()
+        pending, seen = list(entry_modules), set()
         while pending:
             module = pending.pop()
             if module in seen:
@@ -91,6 +91,21 @@ def extract_common_tests(sdist: Path, destination: Path) -> list[str]:
     return sorted(missing)
 
 
+def download_sdist(version: str, destination: Path) -> Path:
+    """`pip download` transformers `version`'s sdist into `destination`; returns the tarball."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
+               f"transformers=={version}", "--dest", str(destination)]  # fmt: skip
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
+    except subprocess.TimeoutExpired as error:
+        raise CommonTestsUnavailable(f"`pip download` of its sdist took over {DOWNLOAD_TIMEOUT_S} s") from error
+    if completed.returncode != 0:
+        last_line = (completed.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CommonTestsUnavailable(f"`pip download` of its sdist failed: {last_line}")
+    (sdist,) = destination.glob("transformers-*.tar.gz")
+    return sdist
+
+
 def fetch_common_tests(version: str = transformers.__version__) -> Path:
     """The folder holding `version`'s common test files, downloading and extracting its sdist on first use."""
     final = cache_dir(version)
@@ -99,16 +114,7 @@ def fetch_common_tests(version: str = transformers.__version__) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=final.parent))
     try:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet",
-                   f"transformers=={version}", "--dest", str(work / "sdist")]  # fmt: skip
-        try:
-            completed = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
-        except subprocess.TimeoutExpired as error:
-            raise CommonTestsUnavailable(f"`pip download` of its sdist took over {DOWNLOAD_TIMEOUT_S} s") from error
-        if completed.returncode != 0:
-            last_line = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-            raise CommonTestsUnavailable(f"`pip download` of its sdist failed: {last_line}")
-        (sdist,) = (work / "sdist").glob("transformers-*.tar.gz")
+        sdist = download_sdist(version, work / "sdist")
         missing = extract_common_tests(sdist, work / "tests")
         unanswered = [module for module in missing if not (STAND_INS / (module.replace(".", "/") + ".py")).is_file()]
         if unanswered:

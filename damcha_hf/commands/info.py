@@ -12,6 +12,11 @@ PRESET_DESCRIPTIONS = {
     "tinyllama": "(TinyLlama-1.1B, GQA 32/4 heads)",
     "vit-small": "(ViT-S/16, 224px, 1000 classes)",
     "bart-base": "(encoder-decoder, 6+6 layers, width 768)",
+    "mistral-7b": "(Mistral-7B-v0.1, GQA 32/8 heads, sliding window 4096)",
+    "qwen2.5-0.5b": "(Qwen2.5-0.5B, GQA 14/2 heads, q/k/v biases)",
+    "qwen3-0.6b": "(Qwen3-0.6B, GQA 16/8 heads of width 128, q/k norms)",
+    "phi3-mini-4k": "(Phi-3-mini-4k, 32 heads, fused qkv, sliding window 2047)",
+    "gemma2-2b": "(Gemma-2-2B, GQA 8/4 heads of width 256, soft-capped, local/global)",
 }
 PRESETS = tuple(PRESET_DESCRIPTIONS)
 PRESET_HELP = ", ".join(f"{name} {description}" for name, description in PRESET_DESCRIPTIONS.items())
@@ -93,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     rows += [(label, getattr(config, field)) for label, field in encoder_decoder if hasattr(config, field)]
     rows += [
         ("parameters", f"{total:,}"),
+        # What the stock transformers model of this shape has: the published count of the checkpoint it converts from.
+        ("stock parameters", f"{total - generator:,}"),
         ("cross-head params", f"{generator:,} ({100 * generator / total:.3f}% of the model)"),
     ]
     for label, value in rows:

@@ -43,20 +43,28 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import common  # standard library only: torch, transformers and peft are imported after the arguments are parsed
+# Standard library only: torch, transformers and peft are imported after the arguments are parsed.
+import image_data
+import recipe_options
+import run_folder
+import text_data
+
+from damcha_hf import argument_checks as checks
+from damcha_hf import safe_files
+from damcha_hf.safe_files.atomic_files import write_json
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = common.checks.ArgumentParser(description=__doc__, formatter_class=common.checks.HelpFormatter)
+    parser = checks.ArgumentParser(description=__doc__, formatter_class=checks.HelpFormatter)
     parser.add_argument("--base", required=True, help="a local checkpoint folder (stock or DAMCHA) of GPT-2, Llama, "
                         "Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 or ViT")  # fmt: skip
     lora = parser.add_argument_group("LoRA")
-    lora.add_argument("--lora-rank", type=common.checks.positive_int, default=8)
-    lora.add_argument("--lora-alpha", type=common.checks.positive_float, default=16)
-    lora.add_argument("--lora-dropout", type=common.checks.probability, default=0.0)
+    lora.add_argument("--lora-rank", type=checks.positive_int, default=8)
+    lora.add_argument("--lora-alpha", type=checks.positive_float, default=16)
+    lora.add_argument("--lora-dropout", type=checks.probability, default=0.0)
     lora.add_argument("--freeze-generator", action="store_true", help="do not train the metric generator")
     lora.add_argument("--merge", action="store_true", help="merge LoRA into the weights and save <output-dir>/merged")
-    lora.add_argument("--base-model-id", type=common.checks.hub_id, help="the Hub id you publish <output-dir>/base under (e.g. "
+    lora.add_argument("--base-model-id", type=checks.hub_id, help="the Hub id you publish <output-dir>/base under (e.g. "
                       "your-name/damcha-gpt2-base), written as the adapter's base_model_name_or_path so that "
                       "AutoPeftModelForCausalLM loads the adapter anywhere (default: <output-dir>/base relative to "
                       "the current folder, or ../base when the run folder is outside it)")  # fmt: skip
@@ -64,35 +72,35 @@ def parse_args(argv=None) -> argparse.Namespace:
     data.add_argument("--data", help="decoders: text file/folder/glob/'stdlib'/'gcide'; ViT: image folder or "
                       "'fashion-mnist' (default: 'stdlib' or 'fashion-mnist')")  # fmt: skip
     data.add_argument("--file-pattern", default="**/*.txt")
-    data.add_argument("--max-data-bytes", type=common.checks.positive_int)
-    data.add_argument("--validation-fraction", type=common.checks.probability, default=0.05)
+    data.add_argument("--max-data-bytes", type=checks.positive_int)
+    data.add_argument("--validation-fraction", type=checks.probability, default=0.05)
     data.add_argument(
-        "--block-size", type=common.checks.positive_int, default=128, help="language-model context length in tokens"
+        "--block-size", type=checks.positive_int, default=128, help="language-model context length in tokens"
     )
     data.add_argument("--fashion-mnist-dir", default="/usr/share/datasets/fashion-mnist")
-    data.add_argument("--image-size", type=common.checks.positive_int, help="ViT: default the base model's image size")
+    data.add_argument("--image-size", type=checks.positive_int, help="ViT: default the base model's image size")
     data.add_argument("--no-augment", action="store_true", help="ViT: no random crop / flip of training images")
-    common.add_metric_arguments(parser)
-    common.add_training_arguments(parser, output_dir="runs/lora-{settings}", batch_size=16, learning_rate=1e-3,
+    recipe_options.add_metric_arguments(parser)
+    recipe_options.add_training_arguments(parser, output_dir="runs/lora-{settings}", batch_size=16, learning_rate=1e-3,
                                   max_steps=500, output_dir_example="runs/lora-gpt2-corpus for --base path/to/gpt2 "
                                   "--data corpus.txt")  # fmt: skip
-    args = common.parse_checked(parser, argv, run_name=lambda args: common.run_folder_name(
+    args = recipe_options.parse_checked(parser, argv, run_name=lambda args: recipe_options.run_folder_name(
         args.base, args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
     if not os.path.isfile(os.path.join(args.base, "config.json")):
         parser.error(f"--base {args.base}: not a checkpoint folder (no config.json)")
-    common.checks.check_output(parser, common.safe_files.check_checkpoint_files, args.base)
-    if str(common.saved_model_type(args.base)).endswith("bart"):
+    checks.check_output(parser, safe_files.check_checkpoint_files, args.base)
+    if str(recipe_options.saved_model_type(args.base)).endswith("bart"):
         parser.error(f"--base {args.base}: a BART encoder-decoder; this recipe adapts decoder language models and "
                      "image classifiers: train BART with recipes/train_bart.py")  # fmt: skip
     check_base_architecture(parser, args)
-    if str(common.saved_model_type(args.base)).endswith("vit"):
+    if str(recipe_options.saved_model_type(args.base)).endswith("vit"):
         if args.data is not None:
-            common.check_image_data(parser, args.data)
+            image_data.check_image_data(parser, args.data)
     else:
-        common.check_causal_metric_context(parser, args)
+        recipe_options.check_causal_metric_context(parser, args)
         if args.data is not None:
             try:
-                common.checks.text_data_source(args.data)
+                checks.text_data_source(args.data)
             except argparse.ArgumentTypeError as error:
                 parser.error(f"--data {error}")
     if args.push_to_hub and not args.base_model_id:
@@ -107,7 +115,7 @@ def check_base_architecture(parser, args) -> None:
     for a family whose stock model runs no SDPA (Gemma 2: SDPA cannot soft-cap the logits) unless --attn says more."""
     from damcha_hf.families import FAMILIES, family_for_model_type, supported_architectures
 
-    model_type = common.saved_model_type(args.base)
+    model_type = recipe_options.saved_model_type(args.base)
     family = family_for_model_type(model_type)
     if family is None:
         adapted = supported_architectures([family for family in FAMILIES if not family.encoder_decoder])
@@ -153,9 +161,9 @@ def build_model(args, config, family, num_labels=None, labels=None):
 
     import damcha_hf
 
-    options = common.metric_options(args)
+    options = recipe_options.metric_options(args)
     head = family.task_head
-    with common.safe_files.loading_checkpoint(args.base, "the --base checkpoint"):
+    with safe_files.loading_checkpoint(args.base, "the --base checkpoint"):
         if config.model_type == family.model_type:  # a stock checkpoint: load it as it is, then convert it exactly
             base = head.stock_class.from_pretrained(args.base, attn_implementation=args.attn, **label_maps)
             return damcha_hf.convert_to_damcha(base, **options)
@@ -164,19 +172,19 @@ def build_model(args, config, family, num_labels=None, labels=None):
 
 
 # Flags that shape the trained modules, checked on --resume against the run's `run_settings.json`.
-LORA_RESUME_FLAGS = {**{field: field for field in common.METRIC_FIELDS}, "lora_rank": "lora_rank",
+LORA_RESUME_FLAGS = {**{field: field for field in recipe_options.METRIC_FIELDS}, "lora_rank": "lora_rank",
                      "lora_alpha": "lora_alpha", "freeze_generator": "freeze_generator"}  # fmt: skip
 
 
-@common.holding_run_folder
+@run_folder.holding_run_folder
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    resume, load_state = common.trainer_resume(args)
+    resume, load_state = run_folder.trainer_resume(args)
     if resume:
-        common.check_resume_settings(args, resume, LORA_RESUME_FLAGS, common.saved_model_config(resume))
-    datasets = common.card_datasets(args.data) if args.data else None  # settled before training
-    common.check_push(args)
-    run = common.start_run(args, resume)
+        run_folder.check_resume_settings(args, resume, LORA_RESUME_FLAGS, run_folder.saved_model_config(resume))
+    datasets = run_folder.card_datasets(args.data) if args.data else None  # settled before training
+    recipe_options.check_push(args)
+    run = run_folder.start_run(args, resume)
 
     from peft import LoraConfig, get_peft_model
     from transformers import DataCollatorForLanguageModeling, Trainer, set_seed
@@ -191,35 +199,37 @@ def main(argv=None) -> dict:
         from transformers import AutoTokenizer
 
         args.data = args.data or "stdlib"
-        datasets = datasets or common.card_datasets(args.data)
+        datasets = datasets or run_folder.card_datasets(args.data)
         has_tokenizer = os.path.isfile(os.path.join(args.base, "tokenizer.json")) or os.path.isfile(
             os.path.join(args.base, "vocab.json")
         )
-        corpus = common.load_language_model_corpus(args)
-        tokenizer = AutoTokenizer.from_pretrained(args.base) if has_tokenizer else common.build_tokenizer(args, corpus)
+        corpus = text_data.load_language_model_corpus(args)
+        tokenizer = (
+            AutoTokenizer.from_pretrained(args.base) if has_tokenizer else text_data.build_tokenizer(args, corpus)
+        )
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         args.block_size = min(args.block_size, config.max_position_embeddings)
         tokenizer.model_max_length = config.max_position_embeddings  # what the adapter's checkpoints save
-        train, validation = common.language_model_data(args, tokenizer, corpus)
+        train, validation = text_data.language_model_data(args, tokenizer, corpus)
         model = build_model(args, config, family)
         check_tokenizer_matches_model(tokenizer, model.config)
-        common.use_causal_lm_loss(model)
+        text_data.use_causal_lm_loss(model)
         processing, collator = tokenizer, DataCollatorForLanguageModeling(tokenizer, mlm=False)
         metrics_kwargs = {"compute_metrics": causal_lm_compute_metrics(tokenizer),
                           "preprocess_logits_for_metrics": causal_lm_token_nll}  # fmt: skip
     else:
         args.data = args.data or "fashion-mnist"
-        datasets = datasets or common.card_datasets(args.data)
+        datasets = datasets or run_folder.card_datasets(args.data)
         args.image_size = args.image_size or config.image_size
-        splits, labels, channels, image_size = common.image_datasets(args)
+        splits, labels, channels, image_size = image_data.image_datasets(args)
         if channels != config.num_channels:
             raise ValueError(f"--data has {channels}-channel images but the base ViT expects {config.num_channels}.")
-        processing = common.image_processor(image_size, channels)
-        common.attach_image_transforms(splits, processing, augment=not args.no_augment, image_size=image_size)
+        processing = image_data.image_processor(image_size, channels)
+        image_data.attach_image_transforms(splits, processing, augment=not args.no_augment, image_size=image_size)
         train, validation = splits["train"], splits["validation"]
         model = build_model(args, config, family, len(labels), labels)
-        collator, metrics_kwargs = common.image_collate, {"compute_metrics": accuracy_compute_metrics()}
+        collator, metrics_kwargs = image_data.image_collate, {"compute_metrics": accuracy_compute_metrics()}
 
     # The DAMCHA model LoRA trains on, saved before PEFT wraps its modules: the adapter's base (`AutoPeftModel...`).
     base_folder = os.path.join(args.output_dir, "base")
@@ -242,23 +252,23 @@ def main(argv=None) -> dict:
         bias="none",
     )
     peft_model = get_peft_model(model, lora_config)
-    settings = {field: getattr(model.config, field, None) for field in common.METRIC_FIELDS}  # as built
+    settings = {field: getattr(model.config, field, None) for field in recipe_options.METRIC_FIELDS}  # as built
     settings.update(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, freeze_generator=args.freeze_generator)
     os.makedirs(args.output_dir, exist_ok=True)
-    common.write_json(os.path.join(args.output_dir, common.RUN_SETTINGS_FILE), settings)
+    write_json(os.path.join(args.output_dir, run_folder.RUN_SETTINGS_FILE), settings)
     peft_model.print_trainable_parameters()
     trainable = sorted(name for name, parameter in peft_model.named_parameters() if parameter.requires_grad)
 
     trainer = Trainer(
         model=peft_model,
-        args=common.training_arguments(args, remove_unused_columns=not family.vision),
+        args=recipe_options.training_arguments(args, remove_unused_columns=not family.vision),
         train_dataset=train,
         eval_dataset=validation,
         data_collator=collator,
         processing_class=processing,
         **metrics_kwargs,
     )
-    common.train(trainer, run, load_state)
+    run_folder.train(trainer, run, load_state)
     metrics = trainer.evaluate()
     metrics.update(global_step=trainer.state.global_step, resumed_from=resume, trainable_parameters=trainable)
 
@@ -271,20 +281,22 @@ def main(argv=None) -> dict:
     peft_model.save_pretrained(adapter, save_embedding_layers=False)
     processing.save_pretrained(adapter)
     card = adapter_card(args, family, trainable, base_reference)
-    common.safe_files.atomic_write(os.path.join(adapter, "README.md"), card)
+    safe_files.atomic_write(os.path.join(adapter, "README.md"), card)
     check_adapter_has_no_local_paths(adapter, args.output_dir)
     run.wrote(adapter)
     if args.push_to_hub:  # the base first: the adapter names it
-        common.push_final_model(argparse.Namespace(**{**vars(args), "hub_model_id": args.base_model_id}), base_folder)
-        common.push_final_model(args, adapter)
+        run_folder.push_final_model(
+            argparse.Namespace(**{**vars(args), "hub_model_id": args.base_model_id}), base_folder
+        )
+        run_folder.push_final_model(args, adapter)
     if args.merge:
         merged = peft_model.merge_and_unload()
-        common.save_final_model(merged, os.path.join(args.output_dir, "merged"), tokenizer_or_processor=processing,
+        run_folder.save_final_model(merged, os.path.join(args.output_dir, "merged"), tokenizer_or_processor=processing,
                                 log_history=trainer.state.log_history, datasets=datasets)  # fmt: skip
     if getattr(args, "validation_documents", None) is not None:  # a language model's validation (images: none)
         metrics["eval_documents"] = args.validation_documents
-    common.write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
-    common.print_evaluation(metrics)
+    write_json(os.path.join(args.output_dir, "eval_results.json"), metrics)
+    run_folder.print_evaluation(metrics)
     return metrics
 
 
@@ -386,4 +398,4 @@ def load_adapter(base: str, adapter: str, **metric_options):
 
 
 if __name__ == "__main__":
-    common.run_recipe(main)
+    recipe_options.run_recipe(main)

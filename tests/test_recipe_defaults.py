@@ -111,7 +111,7 @@ def test_help_shows_the_real_defaults(name, capsys, tmp_path, monkeypatch):
     if name == "finetune_lora":  # the help's example: --base path/to/gpt2 --data corpus.txt
         assert "--base path/to/gpt2 --data corpus.txt" in text
         (tmp_path / "path" / "to" / "gpt2").mkdir(parents=True)
-        (tmp_path / "path" / "to" / "gpt2" / "config.json").write_text("{}")
+        (tmp_path / "path" / "to" / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
         (tmp_path / "corpus.txt").write_text("text")
         arguments = ["--base", "path/to/gpt2", "--data", "corpus.txt"]
     assert recipe.parse_args(arguments).output_dir == example

@@ -22,7 +22,7 @@ Names the stored files import that the installed release has dropped are given t
 test that passes on stock and not on DAMCHA (exit code 1 when there is one), and writes both runs' outcomes as JSON
 with `--report`.
 
-    python tests/run_upstream_family_tests.py /work/upstream-family-tests --families qwen2 qwen3 --report out.json
+    python tests/run_upstream_family_tests.py path/to/upstream-tests --families qwen2 qwen3 --report out.json
     python tests/run_upstream_family_tests.py FOLDER -- -k "not generate"   # arguments after -- go to pytest
 """
 

@@ -24,12 +24,7 @@ from transformers.cache_utils import Cache
 
 from .damcha_pretrained import DamchaAttentionMixin
 from .dispatch import cross_head_attention
-from .metric import CrossHeadMetric
-
-
-def split_heads(states: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """`(batch, seq, heads * head_dim)` -> `(batch, heads, seq, head_dim)`."""
-    return states.view(*states.shape[:-1], -1, head_dim).transpose(1, 2)
+from .metric import CrossHeadMetric, project_heads
 
 
 class DamchaDecoderAttentionMixin(DamchaAttentionMixin):
@@ -46,7 +41,7 @@ class DamchaDecoderAttentionMixin(DamchaAttentionMixin):
     def project_query_key_value(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The query, key and value heads of `hidden_states`, before RoPE."""
         return tuple(
-            split_heads(projection(hidden_states), self.head_dim)
+            project_heads(projection, hidden_states, self.head_dim)
             for projection in (self.q_proj, self.k_proj, self.v_proj)
         )
 

@@ -358,9 +358,14 @@ def mix_keys_per_sequence(cross_head: torch.Tensor, key: torch.Tensor) -> torch.
     return (cross_head @ key.flatten(2)).view_as(key)
 
 
+def split_heads(states: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """`(b, s, H * d_h)` as the `(b, H, s, d_h)` view the attention functions take."""
+    return states.view(*states.shape[:-1], -1, head_dim).transpose(1, 2)
+
+
 def project_heads(projection: nn.Module, hidden_states: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """`projection(hidden_states)` `(b, s, H * d_h)` as the `(b, H, s, d_h)` view the attention functions take."""
-    return projection(hidden_states).view(*hidden_states.shape[:-1], -1, head_dim).transpose(1, 2)
+    """`projection(hidden_states)` split into heads (`split_heads`)."""
+    return split_heads(projection(hidden_states), head_dim)
 
 
 def projected_mixed_key(

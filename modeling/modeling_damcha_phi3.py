@@ -21,7 +21,8 @@ from transformers.models.phi3.modeling_phi3 import (
 from .configuration_damcha_phi3 import DamchaPhi3Config
 from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaPreTrainedMixin, forward_with_cross_head_metric
-from .decoder_attention import DamchaDecoderAttentionMixin, split_heads
+from .decoder_attention import DamchaDecoderAttentionMixin
+from .metric import split_heads
 
 
 class DamchaPhi3Attention(DamchaDecoderAttentionMixin, Phi3Attention):

@@ -25,11 +25,7 @@ from .metric import (
     project_heads,
 )
 from .score_mixing import SCORE_MIXING_VARIANTS, layer_mixing, score_mixing_cross_head_attention
-from .transformers_releases import (
-    SourceKeyCache,
-    cross_attention_source_cached,  # noqa: F401  (modeling_damcha_bart.py imports it from here)
-    self_attention_cache,
-)
+from .transformers_releases import SourceKeyCache, self_attention_cache
 
 
 def register_output_recording(model: nn.Module) -> None:

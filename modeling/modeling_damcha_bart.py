@@ -34,8 +34,9 @@ from transformers.models.bart.modeling_bart import (
 from .configuration_damcha_bart import DamchaBartConfig
 from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaAttentionMixin, DamchaPreTrainedMixin, forward_with_cross_head_metric
-from .dispatch import check_attention_backend, cross_attention_source_cached, cross_head_attention
+from .dispatch import check_attention_backend, cross_head_attention
 from .metric import CrossHeadMetric, attended_tokens, project_heads
+from .transformers_releases import cross_attention_source_cached
 
 
 def is_cross_attention_layer(module: nn.Module) -> bool:

@@ -154,7 +154,9 @@ def test_speed_tiny_prints_ratio_tables(tmp_path, capsys):
     assert gpt2[1]["step_ratio_noise_floor"] == floor and gpt2[1]["step_ratio_verdict"].endswith(f"±{floor:.3f}")
     for result in gpt2[1:]:
         low, high = result["step_ratio_interval"]
-        assert min(result["step_s"]) / max(gpt2[0]["step_s"]) <= low <= high
+        # the bootstrap's percentile interpolation may round a few ulps below the smallest possible ratio
+        slack = 8 * sys.float_info.epsilon
+        assert min(result["step_s"]) / max(gpt2[0]["step_s"]) * (1 - slack) <= low <= high
     for result in gpt2[2:]:
         assert result["step_ratio_verdict"] == common.floor_verdict(result["step_ratio_interval"], 1.0, floor)
     # activations are also counted at dropout 0.1 (GPT2Config's default), where the dropout masks add bytes

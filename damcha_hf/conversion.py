@@ -8,8 +8,10 @@ import torch
 from transformers import PreTrainedModel
 
 from .families import FAMILIES, family_for_model_type, supported_architectures
+from .modeling.cross_head_variant import LAYER_MODULE, STACK_MODULE
 from .modeling.damcha_family import DamchaFamily, DamchaHead
-from .modeling.score_mixing import eager_attn_implementation_for
+from .modeling.dispatch import attn_implementation_for
+from .modeling.variants import variant_of
 
 # stock class -> (its family, the head it converts to), from the family declarations. Exact classes: a subclass may
 # add weights the DAMCHA class would drop.
@@ -26,10 +28,11 @@ def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedMod
             `GPT2LMHeadModel`, `GPT2ForSequenceClassification`, `LlamaModel`, `LlamaForCausalLM`,
             `LlamaForSequenceClassification`, `ViTModel`, `ViTForImageClassification`, ...
         **metric_options: DAMCHA config fields, e.g. `metric_context="query"`, `metric_hidden_size=32`, or
-            `cross_head_variant="talking_heads"` / `"dcmha"` / `"none"` for the baselines (all start as MHA too).
+            `cross_head_variant=` any name of `damcha_hf.modeling.variants.VARIANTS` for the baselines (all start as
+            MHA too).
 
     The result is on the same device and dtype, in the same train/eval mode, with the same attention implementation
-    (eager for talking-heads and DCMHA); its outputs equal the original's to float rounding.
+    (eager for a variant that mixes the score maps); its outputs equal the original's to float rounding.
     """
     if type(model) not in CONVERSIONS:
         raise TypeError(f"convert_to_damcha: {unsupported_model(model)}.")
@@ -39,20 +42,21 @@ def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedMod
     for key in ("model_type", "architectures", "auto_map", "transformers_version"):
         config_dict.pop(key, None)
     config = config_class(**{**config_dict, **metric_options})
-    # Keep the source's attention backend, except for talking-heads / DCMHA, which run only in eager attention.
-    if eager_attn_implementation_for(config, None) is None:
+    # Keep the source's attention backend, except for a variant that runs only in eager attention (score mixing).
+    if attn_implementation_for(config, None) is None:
         config._attn_implementation = model.config._attn_implementation
     parameter = next(model.parameters())
     with torch.device(parameter.device):
         damcha = damcha_class(config, **family.architecture_options(model)).to(parameter.dtype)
     missing, unexpected = damcha.load_state_dict(model.state_dict(), strict=False)
-    new_modules = (".cross_head_metric.", ".cross_head_mixing.")  # DAMCHA's generator, talking-heads / DCMHA mixing
-    missing = [key for key in missing if not any(name in f".{key}" for name in new_modules)]
+    variant_modules = (f".{STACK_MODULE}.", f".{LAYER_MODULE}.")  # the variant's own: DAMCHA's generator, a mixing
+    missing = [key for key in missing if not any(name in f".{key}" for name in variant_modules)]
     if missing or unexpected:
         raise RuntimeError(
             f"convert_to_damcha: weights did not carry over from {type(model).__name__} "
             f"(missing: {missing[:5]}, unexpected: {unexpected[:5]})."
         )
+    variant_of(config).after_conversion(damcha, model)
     damcha.train(model.training)
     return damcha
 

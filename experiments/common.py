@@ -234,10 +234,10 @@ def _capacity_controls(mha, widened, mlp_width, method, *, parameter_matched_mha
 def _variant_rows(mha, damcha, context) -> list[Row]:
     """A row per baseline every DAMCHA config offers; the score-mixing ones run on eager attention (they cannot use
     SDPA), so an eager MHA row is added as their like-for-like reference."""
-    from damcha_hf.modeling.damcha_config import CROSS_HEAD_VARIANTS
-    from damcha_hf.modeling.score_mixing import SCORE_MIXING_VARIANTS as eager_only
+    from damcha_hf.modeling.variants import CROSS_HEAD_VARIANTS, DEFAULT_VARIANT, eager_only_variants
 
-    variants = [variant for variant in CROSS_HEAD_VARIANTS if variant != "damcha"]
+    eager_only = eager_only_variants()
+    variants = [variant for variant in CROSS_HEAD_VARIANTS if variant != DEFAULT_VARIANT]
     rows = []
     if any(v in eager_only for v in variants):
         rows.append(Row("MHA (eager)", lambda: mha("eager"), "mha"))

@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from damcha_hf import data_sources  # noqa: E402  (standard library only)
 from damcha_hf.argument_checks import ArgumentParser  # noqa: E402
+from damcha_hf.modeling.variants import VARIANTS  # noqa: E402  (torch-free)
 from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
 from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     CONFIDENCE,
@@ -65,7 +66,8 @@ from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
 MB = 1_000_000
 ABLATION_MASKS = ("diagonal", "offdiagonal")
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASELINE_VARIANTS = {"talking_heads": "talking_heads", "dcmha": "DCMHA"}  # cross_head_variant -> row name
+# cross_head_variant -> row name: every baseline variant but plain attention, which the MHA row is.
+BASELINE_VARIANTS = {name: variant.display_name for name, variant in VARIANTS.items() if name not in ("damcha", "none")}
 BATCH_SEED_OFFSET = {"lm": 1000, "vit": 2000}  # batches of seed s come from generator seed offset + s
 CONTINUE_SEED_OFFSET = 3000  # the continuation batches of --upcycle: new data after the pretraining's
 
@@ -113,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out-dir", help="where the JSON and figures go (default: runs/quality/<prefix>-<UTC time>)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing <out-dir>/<prefix>.json")
     parser.add_argument("--prefix", help="output file prefix (default: quality, quality_quick or quality_tiny)")
-    parser.add_argument("--no-baselines", action="store_true", help="skip the talking_heads and DCMHA rows")
+    parser.add_argument("--no-baselines", action="store_true",
+                        help=f"skip the baseline variants' rows ({', '.join(BASELINE_VARIANTS.values())})")  # fmt: skip
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument(
         "--parameter-matched-mha", action="store_true",

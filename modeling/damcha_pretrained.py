@@ -15,11 +15,9 @@ import warnings
 
 from torch import nn
 
-from .dcmha import init_dcmha
-from .dispatch import check_attention_backend, register_output_recording
-from .metric import CrossHeadMetric, init_metric_generator
-from .score_mixing import build_cross_head_mixing, eager_attn_implementation_for
-from .talking_heads import init_talking_heads
+from .cross_head_variant import LAYER_MODULE, STACK_MODULE
+from .dispatch import attn_implementation_for, register_output_recording
+from .variants import DEFAULT_VARIANT, VARIANTS, variant_of
 
 
 def _code_reference(cls: type) -> str:
@@ -57,19 +55,10 @@ def stock_class_of(damcha_class: type) -> type:
 
 
 def init_cross_head_weights(module: nn.Module, std: float) -> None:
-    """Called from a model's `_init_weights` after the default init: every cross-head module starts as exact MHA
+    """Called from a model's `_init_weights` after the default init: every variant's modules start as exact MHA
     (zero DAMCHA generator output, identity talking-heads matrices, identity DCMHA composition)."""
-    init_metric_generator(module)
-    init_talking_heads(module)
-    init_dcmha(module, std)
-
-
-def stack_cross_head_metric(config) -> CrossHeadMetric | None:
-    """The metric generator(s) a base model owns for its whole layer stack (`metric_sharing` decides how many).
-
-    Only DAMCHA has one; the baseline variants (talking-heads, DCMHA, plain attention) carry no unused parameters.
-    """
-    return CrossHeadMetric.from_config(config) if config.cross_head_variant == "damcha" else None
+    for variant in VARIANTS.values():
+        variant.init_weights(module, std)
 
 
 class DamchaAttentionMixin:
@@ -93,7 +82,7 @@ class DamchaAttentionMixin:
         # The layer index it calls its stack's metric with (an encoder-decoder offsets its cross-attention layers),
         # an instance attribute so that the attention core reads it without `nn.Module.__getattr__`'s miss path.
         module.metric_layer_index = module.layer_idx
-        module.cross_head_mixing = build_cross_head_mixing(config)
+        setattr(module, LAYER_MODULE, variant_of(config).layer_module(config))
 
 
 class DamchaPreTrainedMixin:
@@ -111,9 +100,10 @@ class DamchaPreTrainedMixin:
     damcha_stack_container: bool = False
 
     @classmethod
-    def stack_cross_head_metric(cls, config) -> CrossHeadMetric | None:
-        """The metric generator(s) of one layer stack of this class (`damcha_layer_stack`)."""
-        return stack_cross_head_metric(config)
+    def stack_cross_head_metric(cls, config) -> nn.Module | None:
+        """The module one layer stack of this class owns (`damcha_layer_stack`): DAMCHA's metric generator(s), or
+        whatever the config's variant shares across a stack; None for a variant without one."""
+        return variant_of(config).stack_module(config)
 
     # Key-side mixing ("token", "sequence") and plain MHA ("none") hand every backend ordinary (query, key, value)
     # tensors, so flash and flex attention are supported by the class; what a given config cannot run on is refused
@@ -150,8 +140,8 @@ class DamchaPreTrainedMixin:
                 register_output_recording(module)
             if getattr(type(module), "damcha_layer_stack", False):
                 layer_index = 0
-                if not hasattr(module, "cross_head_metric"):
-                    module.cross_head_metric = module.stack_cross_head_metric(self.config)
+                if not hasattr(module, STACK_MODULE):
+                    setattr(module, STACK_MODULE, module.stack_cross_head_metric(self.config))
             elif type(module) is attention_stock and attention.converts(module):
                 attention.adopt_stock_layer(module, self.config, layer_index)
                 layer_index += 1
@@ -174,13 +164,11 @@ class DamchaPreTrainedMixin:
         init_cross_head_weights(module, std=std)
 
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
-        # Talking-heads and DCMHA run only in eager attention: default to it for them, refuse other backends.
-        eager_only = eager_attn_implementation_for(self.config, attn_implementation)
-        if eager_only is not None:
-            return eager_only
-        # The expanded query of "query" is wider than the value: only eager and SDPA take it.
-        if self.config.cross_head_variant == "damcha" and not isinstance(attn_implementation, dict):
-            check_attention_backend(self.config.metric_context, attn_implementation)
+        # The variant's backends: eager by default for one that mixes the score maps, a refusal naming the fix for a
+        # backend it cannot run on (score mixing, DAMCHA's wider "query" heads).
+        required = attn_implementation_for(self.config, attn_implementation)
+        if required is not None:
+            return required
         return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
 
     def family_auto_map(self) -> dict[str, str]:
@@ -198,25 +186,27 @@ class DamchaPreTrainedMixin:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        # A DAMCHA checkpoint without its metric-generator weights would load with the generator at zero, i.e. as
-        # plain multi-head attention, with only transformers' generic MISSING report: refuse it, or, when the caller
-        # asked for the loading info (as transformers' own tests and tools do), report it there with a warning.
-        # (Converting a stock checkpoint, which has no generator, is the intended way to start from zero.)
+        # A DAMCHA checkpoint without its variant's weights (DAMCHA's metric generator, a baseline's mixing) would load
+        # with them at their start, i.e. as plain multi-head attention, with only transformers' generic MISSING report:
+        # refuse it, or, when the caller asked for the loading info (as transformers' own tests and tools do), report
+        # it there with a warning. (Converting a stock checkpoint, which has none, is the intended way to start.)
         wants_loading_info = kwargs.pop("output_loading_info", False)
         model, loading_info = super().from_pretrained(
             pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
         )
-        missing = sorted(key for key in loading_info["missing_keys"] if "cross_head_metric." in key)
-        if missing and model.config.cross_head_variant == "damcha":
+        variant = variant_of(model.config)
+        own_modules = (f"{STACK_MODULE}.", f"{LAYER_MODULE}.")
+        missing = sorted(key for key in loading_info["missing_keys"] if any(name in key for name in own_modules))
+        if missing:
             saved = _saved_config(cls.config_class, pretrained_model_name_or_path, kwargs)
-            if str(saved.get("model_type", "")).startswith("damcha_") and saved.get("cross_head_variant", "damcha") == (
-                "damcha"
-            ):
+            saved_variant = saved.get("cross_head_variant", DEFAULT_VARIANT)
+            if str(saved.get("model_type", "")).startswith("damcha_") and saved_variant == variant.name:
                 message = (
-                    f"{cls.__name__}.from_pretrained({str(pretrained_model_name_or_path)!r}): this DAMCHA checkpoint "
-                    f"lacks metric-generator weights ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}), "
-                    "so the model would silently run as plain multi-head attention. Use a complete checkpoint (save "
-                    "it again from the trained model), keep its `metric_sharing` when loading, or pass "
+                    f"{cls.__name__}.from_pretrained({str(pretrained_model_name_or_path)!r}): this "
+                    f"`cross_head_variant={variant.name!r}` checkpoint lacks {variant.parameter_kind} weights "
+                    f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}), so the model would silently run "
+                    "as plain multi-head attention. Use a complete checkpoint (save it again from the trained model), "
+                    "keep its config fields (such as `metric_sharing`) when loading, or pass "
                     "`cross_head_variant='none'` if plain attention is what you want."
                 )
                 if not wants_loading_info:

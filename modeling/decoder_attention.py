@@ -31,8 +31,8 @@ class DamchaDecoderAttentionMixin(DamchaAttentionMixin):
     """Mixed in before a stock rotary-decoder attention class (`class DamchaMistralAttention(
     DamchaDecoderAttentionMixin, MistralAttention)`), which then declares `rotary_embedding`,
     `stock_eager_attention` and, where its family needs them, `project_query_key_value` and `stock_attention_options`.
-    The metric comes in as `cross_head_metric`; for `cross_head_variant="talking_heads"` / `"dcmha"` the layer owns
-    its head-mixing module, `cross_head_mixing`.
+    The metric comes in as `cross_head_metric`; a variant with a per-layer module (talking-heads, DCMHA) gives the
+    layer its `cross_head_mixing`.
     """
 
     rotary_embedding: staticmethod  # the stock `apply_rotary_pos_emb(query, key, cos, sin)`

@@ -61,7 +61,7 @@ import torch
 from torch import nn
 
 from .autograd import RecomputedGeneratorMLP, SequenceMixedKeyProjection, TokenMixedKeyProjection
-from .damcha_config import METRIC_CONTEXTS, METRIC_MASKS
+from .variant_damcha import METRIC_CONTEXTS, METRIC_MASKS
 
 
 class MetricOutputLayer(nn.Linear):

@@ -34,7 +34,7 @@ from transformers.models.bart.modeling_bart import (
 from .configuration_damcha_bart import DamchaBartConfig
 from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaAttentionMixin, DamchaPreTrainedMixin, forward_with_cross_head_metric
-from .dispatch import check_attention_backend, cross_head_attention
+from .dispatch import cross_head_attention
 from .metric import CrossHeadMetric, attended_tokens, project_heads
 from .transformers_releases import cross_attention_source_cached
 
@@ -48,7 +48,7 @@ class DamchaBartAttention(DamchaAttentionMixin, BartAttention):
     """BART attention (encoder self-attention, decoder self-attention or cross-attention) with DAMCHA's cross-head
     metric; the metric of the layer's stack comes in as `cross_head_metric`.
 
-    For `cross_head_variant="talking_heads"` / `"dcmha"` the layer owns its head-mixing module, `cross_head_mixing`.
+    A variant with a per-layer module (talking-heads, DCMHA) gives the layer its `cross_head_mixing`.
     """
 
     @classmethod
@@ -109,12 +109,6 @@ class DamchaBartPreTrainedModel(DamchaPreTrainedMixin, BartPreTrainedModel):
     config_class = DamchaBartConfig
     config: DamchaBartConfig
     damcha_attention_class = DamchaBartAttention
-
-    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
-        # The decoder's context is checked by the mixin; the encoder may have another.
-        if self.config.cross_head_variant == "damcha" and not isinstance(attn_implementation, dict):
-            check_attention_backend(self.config.encoder_context, attn_implementation)
-        return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
 
 
 class DamchaBartEncoder(DamchaBartPreTrainedModel, BartEncoder):

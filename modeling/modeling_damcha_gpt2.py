@@ -39,7 +39,7 @@ def upcast_and_reordered_attention(module, query, key, value, attention_mask, **
 class DamchaGPT2Attention(DamchaAttentionMixin, GPT2Attention):
     """GPT-2 self-attention with DAMCHA's cross-head metric; the metric comes in as `cross_head_metric`.
 
-    For `cross_head_variant="talking_heads"` / `"dcmha"` the layer owns its head-mixing module, `cross_head_mixing`.
+    A variant with a per-layer module (talking-heads, DCMHA) gives the layer its `cross_head_mixing`.
     Cross-attention layers (`add_cross_attention=True`) stay stock multi-head attention.
     """
 

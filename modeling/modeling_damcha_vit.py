@@ -35,7 +35,7 @@ from .metric import CrossHeadMetric, attended_tokens, project_heads
 class DamchaViTAttention(DamchaAttentionMixin, ViTAttention):
     """ViT self-attention with DAMCHA's cross-head metric; the metric comes in as `cross_head_metric`.
 
-    For `cross_head_variant="talking_heads"` / `"dcmha"` the layer owns its head-mixing module, `cross_head_mixing`.
+    A variant with a per-layer module (talking-heads, DCMHA) gives the layer its `cross_head_mixing`.
     """
 
     def forward(

@@ -1,6 +1,6 @@
-"""The score-mixing baselines' attention: talking-heads and DCMHA mix the `n x n` score maps across heads, which no
-fused kernel exposes, so they run in eager attention with materialised maps (`score_mixing_attention`), and a model
-refuses any other `attn_implementation` for them (`eager_attn_implementation_for`).
+"""The attention of the variants that mix the `n x n` score maps across heads (talking-heads, DCMHA, DAMCHA's
+`metric_form="scores"`): no fused kernel exposes the maps, so they run in eager attention with materialised maps
+(`score_mixing_attention`); their variants declare eager as their only backend (`cross_head_variant.py`).
 
 This file imports only torch and its siblings: it is part of the remote-code payload.
 """
@@ -8,52 +8,7 @@ This file imports only torch and its siblings: it is part of the remote-code pay
 import torch
 from torch import nn
 
-from .damcha_config import SCORE_MIXING_VARIANT_NAMES
-from .dcmha import DynamicHeadComposition
-from .talking_heads import TalkingHeadsMixing
-
-# Variants that mix the n x n score maps across heads, so that only eager attention can run them.
-SCORE_MIXING_VARIANTS = dict(zip(SCORE_MIXING_VARIANT_NAMES, (TalkingHeadsMixing, DynamicHeadComposition), strict=True))
-
-
-def build_cross_head_mixing(config) -> nn.Module | None:
-    """The per-layer module of a score-mixing variant (`TalkingHeadsMixing`, `DynamicHeadComposition`), else None.
-
-    A model's attention layer stores it as `cross_head_mixing`, where `cross_head_attention` finds it.
-    """
-    mixing_class = SCORE_MIXING_VARIANTS.get(config.cross_head_variant)
-    return None if mixing_class is None else mixing_class.from_config(config)
-
-
-def mixes_score_maps(config) -> bool:
-    """Talking-heads, DCMHA and DAMCHA's `metric_form="scores"` mix the `n x n` score maps across heads."""
-    variant = config.cross_head_variant
-    return variant in SCORE_MIXING_VARIANTS or (variant == "damcha" and config.metric_form == "scores")
-
-
-def eager_attn_implementation_for(config, requested: str | None) -> str | None:
-    """The attention backend a model must use for `config`'s variant, or None where the usual resolution applies.
-
-    Score-mixing attention needs the materialised score maps: it gets `"eager"` when no backend was requested, and a
-    `ValueError` naming `attn_implementation` and the fix when another one was. Models call this from
-    `_check_and_adjust_attn_implementation`, so that construction, `from_pretrained` and `set_attn_implementation`
-    all resolve the same way.
-    """
-    if not mixes_score_maps(config):
-        return None
-    if requested not in (None, "eager"):
-        chosen = (
-            "`metric_form='scores'`"
-            if config.cross_head_variant == "damcha"
-            else f"`cross_head_variant={config.cross_head_variant!r}`"
-        )
-        raise ValueError(
-            f"{chosen} mixes the attention score maps across heads, which only eager attention materialises, so it "
-            f"cannot run with `attn_implementation={requested!r}`. Load or build the model with "
-            "`attn_implementation='eager'` (or leave it unset), or use DAMCHA's `metric_form='keys'` or "
-            "`cross_head_variant='none'`, which run on every backend."
-        )
-    return "eager"
+from .variants import variant_of
 
 
 def score_mixing_attention(
@@ -102,20 +57,6 @@ def score_mixing_attention(
     return attn_output, probabilities
 
 
-def layer_mixing(module: nn.Module) -> nn.Module:
-    """The layer's talking-heads or DCMHA module, checked against its config's variant."""
-    variant = module.config.cross_head_variant
-    mixing = getattr(module, "cross_head_mixing", None)
-    # A wrapper (PEFT's modules_to_save) stands in for the module and forwards its methods to the trained copy, so the
-    # check looks through it instead of insisting on the class.
-    if not isinstance(getattr(mixing, "original_module", mixing), SCORE_MIXING_VARIANTS[variant]):
-        raise ValueError(
-            f"{type(module).__name__} has no `cross_head_mixing` module for `cross_head_variant={variant!r}`; build "
-            "it with `build_cross_head_mixing(config)`."
-        )
-    return mixing
-
-
 def score_mixing_cross_head_attention(
     module, hidden_states, query, key, value, attention_mask, *, mixing, dropout, cache=None, key_states, **kwargs
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,8 +69,8 @@ def score_mixing_cross_head_attention(
     come from the cache as it stored them (a cross-attention layer's source), weights included.
     """
     config = module.config
-    if config._attn_implementation not in (None, "eager"):
-        eager_attn_implementation_for(config, config._attn_implementation)  # raises the error that names the fix
+    if config._attn_implementation not in (None, "eager"):  # set on a built model, past the model's own check
+        raise ValueError(variant_of(config).backend_refusal(config, config._attn_implementation))
     # The attention function's other keyword arguments (a sliding window, which the mask already applies in eager
     # attention) act through the mask; the soft-cap acts on the logits.
     softcap = kwargs.pop("softcap", None)

@@ -18,51 +18,42 @@ import run_folder
 
 from damcha_hf import argument_checks as checks
 from damcha_hf.modeling import damcha_config as options
+from damcha_hf.modeling import variants
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
 def add_metric_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every metric option of a DAMCHA config, as `--metric-*` flags (defaults: the config's own)."""
-    group = parser.add_argument_group("DAMCHA metric (defaults: the config's)")
-    group.add_argument("--metric-context", choices=options.METRIC_CONTEXTS, help="what the cross-head matrix C "
-                       "depends on")  # fmt: skip
-    group.add_argument("--metric-mask", choices=options.METRIC_MASKS, help="the paper's ablation: full, diagonal, "
-                       "offdiagonal")  # fmt: skip
-    group.add_argument("--metric-sharing", choices=options.METRIC_SHARINGS, help="one generator per stack or per layer")
-    group.add_argument("--metric-hidden-size", type=checks.positive_int, help="hidden width r of the metric generator")
-    group.add_argument("--metric-form", choices=options.METRIC_FORMS, help="keys (mixed keys, every backend) or "
-                       "scores (sum_j C_ij Q_j K_j^T, eager attention only); see modeling/metric.py")  # fmt: skip
-    group.add_argument(
-        "--cross-head-variant",
-        choices=options.CROSS_HEAD_VARIANTS,
-        help="attention variant: damcha, talking_heads, dcmha, or none (plain multi-head attention)",
-    )
+    """Every attention-variant field of a DAMCHA config (`cross_head_variant`, DAMCHA's `metric_*`, each baseline's
+    own), as a flag named after it (`--metric-context`); defaults: the config's own."""
+    group = parser.add_argument_group("attention variant (defaults: the config's)")
+    for name, field in options.VARIANT_FIELDS.items():
+        kind = {"choices": field.rule.choices} if field.rule.choices else {"type": checks.positive_int}
+        help_text = f"{field.help} ({variants.variants_help()})" if name == "cross_head_variant" else field.help
+        group.add_argument(f"--{name.replace('_', '-')}", **kind, help=help_text)
+    eager_only = " and ".join(variants.eager_only_variants())
     group.add_argument(
         "--attn",
         choices=ATTENTION_IMPLEMENTATIONS,
-        help="attention implementation (default: sdpa; eager for talking_heads and dcmha, which mix the score maps "
-        "that only eager attention materialises)",
+        help=f"attention implementation (default: sdpa; eager for {eager_only} and --metric-form scores, which mix "
+        "the score maps that only eager attention materialises)",
     )
 
 
-METRIC_FIELDS = (
-    "metric_context", "metric_mask", "metric_sharing", "metric_hidden_size", "metric_form", "cross_head_variant",
-)  # fmt: skip
+METRIC_FIELDS = tuple(options.VARIANT_FIELDS)
 
 
 def resolve_attention(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--attn: sdpa by default, eager for a score-mixing --cross-head-variant or --metric-form scores, which refuse
+    """--attn: sdpa by default, eager for a variant (or --metric-form) that runs only in eager attention, which refuses
     any other backend."""
-    variant = getattr(args, "cross_head_variant", None)
-    mixing = variant in options.SCORE_MIXING_VARIANT_NAMES or getattr(args, "metric_form", None) == "scores"
+    variant = getattr(args, "cross_head_variant", None) or variants.DEFAULT_VARIANT
+    backends = variants.backends_of(variant, metric_form=getattr(args, "metric_form", None))
+    eager_only = backends == ("eager",)
     if args.attn is None:
-        args.attn = "eager" if mixing else "sdpa"
-    elif mixing and args.attn != "eager":
+        args.attn = "eager" if eager_only else "sdpa"
+    elif eager_only and args.attn != "eager":
         chosen = (
-            f"--cross-head-variant {variant}"
-            if variant in options.SCORE_MIXING_VARIANT_NAMES
-            else "--metric-form scores"
+            f"--cross-head-variant {variant}" if variants.backends_of(variant) == ("eager",) else "--metric-form scores"
         )
         parser.error(f"{chosen} mixes the attention score maps, which only eager attention materialises; use "
                      f"--attn eager (its default) instead of --attn {args.attn}")  # fmt: skip

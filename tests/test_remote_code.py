@@ -105,8 +105,7 @@ def expected_auto_map(config_class) -> dict[str, str]:
     return auto_map
 
 
-ALLOWED_TOP_LEVEL_IMPORTS = {"torch", "transformers", "huggingface_hub", "collections", "functools", "math", "typing",
-                             "dataclasses", "warnings", "__future__"}  # fmt: skip
+ALLOWED_TOP_LEVEL_IMPORTS = {"torch", "transformers", "huggingface_hub", *sys.stdlib_module_names}
 
 
 def imported_packages(source: str) -> tuple[set[str], list[str]]:

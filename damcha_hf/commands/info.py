@@ -4,7 +4,7 @@ import argparse
 import os
 
 from damcha_hf.argument_checks import HelpFormatter
-from damcha_hf.modeling.damcha_config import CROSS_HEAD_VARIANTS
+from damcha_hf.modeling.variants import CROSS_HEAD_VARIANTS, DEFAULT_VARIANT
 
 # The presets every family declares (`DamchaFamily.presets`), listed here without importing torch for `--help`.
 PRESET_DESCRIPTIONS = {
@@ -53,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cross-head-variant",
         default=None,
         choices=CROSS_HEAD_VARIANTS,
-        help="for a preset: damcha (default), talking_heads, dcmha or none, to compare the added parameters",
+        help=f"for a preset: {', '.join(CROSS_HEAD_VARIANTS)} (default {DEFAULT_VARIANT}), to compare the added "
+        "parameters",
     )
     parser.set_defaults(func=run)
 

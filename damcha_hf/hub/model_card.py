@@ -13,6 +13,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from ..families import family_for_model_type, family_of
 from ..metric_map import MetricMap, is_vision_model
 from ..modeling.damcha_config import TESTED_TRANSFORMERS
+from ..modeling.variants import VARIANTS
 from .file_rules import public_dataset_name
 from .training_log import TrainingLog, is_number, parse_log_history
 
@@ -37,17 +38,16 @@ CITATION_BIBTEX = f"""@inproceedings{{damcha2026,
 # --------------------------------------------------------------------------------------------------------- the model
 
 
-VARIANT_DESCRIPTIONS = {
-    "talking_heads": "talking-heads attention (static H x H mixing of the attention logits and weights)",
-    "dcmha": "DCMHA (dynamically composable multi-head attention: input-dependent mixing of the score maps)",
-    "none": "plain multi-head attention",
-}
-
-
 def cross_head_variant(model) -> str:
-    """`"damcha"`, or the baseline attention the model runs instead (`talking_heads`, `dcmha`, `none`)."""
+    """`"damcha"`, or the baseline attention the model runs instead (a name of `damcha_hf.modeling.variants.VARIANTS`)."""
     # Every DAMCHA config has the field; a config without it is a stock transformers model: plain attention.
     return getattr(model.config, "cross_head_variant", "none")
+
+
+def variant_settings(config) -> list[tuple[str, str]]:
+    """The card's rows for the config fields of its attention variant (DAMCHA's `metric_*`, DCMHA's rank)."""
+    fields = VARIANTS[config.cross_head_variant].fields
+    return [(name, f"`{value}`" if isinstance(value := getattr(config, name), str) else value) for name in fields]
 
 
 def is_stock_model(model) -> bool:
@@ -225,20 +225,15 @@ def build_model_card(
             "from the layer's input by a small metric-generator MLP. Everything else is the standard "
             f"{family_name} architecture."
         )
-        settings = [
-            ("metric_context", f"`{config.metric_context}`"),
-            ("metric_mask", f"`{config.metric_mask}`"),
-            ("metric_sharing", f"`{config.metric_sharing}`"),
-            ("metric_hidden_size", config.metric_hidden_size),
-        ]
+        settings = variant_settings(config)
     else:
         introduction = (
             f"A {family_name} model ({type(model).__name__}) trained as a **baseline** for DAMCHA (*{PAPER_TITLE}*, "
-            f"NeurIPS 2026): its attention is {VARIANT_DESCRIPTIONS.get(variant, variant)} "
+            f"NeurIPS 2026): its attention is {VARIANTS[variant].description} "
             f'(`cross_head_variant="{variant}"`), run by the same damcha-hf code so that comparisons differ only '
             "in attention."
         )
-        settings = [("cross_head_variant", f"`{variant}`")]
+        settings = [("cross_head_variant", f"`{variant}`"), *variant_settings(config)]
     sections = [
         f"# {model_name}",
         (
@@ -270,7 +265,7 @@ def build_model_card(
                 if stock
                 else [
                     (
-                        "metric-generator parameters" if variant == "damcha" else "cross-head mixing parameters",
+                        f"{VARIANTS[variant].parameter_kind} parameters",
                         f"{generator:,} ({100 * generator / total:.3f}% of the model)",
                     )
                 ]

@@ -33,102 +33,10 @@ from .registration import install_auto_class_registration
 
 __version__ = "0.1.0"
 
-# Public name -> the module (relative to this package) that defines it, imported on first use.
+# Public names besides the families' configs and model classes -> the module (relative to this package) that defines
+# them, imported on first use.
 _PUBLIC_MODULES = {
-    "DamchaGPT2Config": ".modeling.configuration_damcha_gpt2",
-    "DamchaLlamaConfig": ".modeling.configuration_damcha_llama",
-    "DamchaViTConfig": ".modeling.configuration_damcha_vit",
-    "DamchaBartConfig": ".modeling.configuration_damcha_bart",
-    "DamchaViTDenoiserConfig": ".modeling.configuration_damcha_vit_denoiser",
-    **dict.fromkeys(
-        (
-            "DamchaGPT2Model",
-            "DamchaGPT2LMHeadModel",
-            "DamchaGPT2ForSequenceClassification",
-            "DamchaGPT2ForTokenClassification",
-            "DamchaGPT2ForQuestionAnswering",
-            "DamchaGPT2DoubleHeadsModel",
-        ),
-        ".modeling.modeling_damcha_gpt2",
-    ),
-    **dict.fromkeys(
-        (
-            "DamchaLlamaModel",
-            "DamchaLlamaForCausalLM",
-            "DamchaLlamaForSequenceClassification",
-            "DamchaLlamaForQuestionAnswering",
-            "DamchaLlamaForTokenClassification",
-        ),
-        ".modeling.modeling_damcha_llama",
-    ),
-    **dict.fromkeys(
-        ("DamchaViTModel", "DamchaViTForImageClassification", "DamchaViTForMaskedImageModeling"),
-        ".modeling.modeling_damcha_vit",
-    ),
-    **dict.fromkeys(
-        (
-            "DamchaBartModel",
-            "DamchaBartForConditionalGeneration",
-            "DamchaBartForSequenceClassification",
-            "DamchaBartForQuestionAnswering",
-            "DamchaBartForCausalLM",
-        ),
-        ".modeling.modeling_damcha_bart",
-    ),
-    **dict.fromkeys(("DamchaViTDenoiserModel", "DamchaViTDenoiserOutput"), ".modeling.modeling_damcha_vit_denoiser"),
-    "DamchaMistralConfig": ".modeling.configuration_damcha_mistral",
-    **dict.fromkeys(
-        (
-            "DamchaMistralModel",
-            "DamchaMistralForCausalLM",
-            "DamchaMistralForSequenceClassification",
-            "DamchaMistralForTokenClassification",
-            "DamchaMistralForQuestionAnswering",
-        ),
-        ".modeling.modeling_damcha_mistral",
-    ),
-    "DamchaQwen2Config": ".modeling.configuration_damcha_qwen2",
-    **dict.fromkeys(
-        (
-            "DamchaQwen2Model",
-            "DamchaQwen2ForCausalLM",
-            "DamchaQwen2ForSequenceClassification",
-            "DamchaQwen2ForTokenClassification",
-            "DamchaQwen2ForQuestionAnswering",
-        ),
-        ".modeling.modeling_damcha_qwen2",
-    ),
-    "DamchaQwen3Config": ".modeling.configuration_damcha_qwen3",
-    **dict.fromkeys(
-        (
-            "DamchaQwen3Model",
-            "DamchaQwen3ForCausalLM",
-            "DamchaQwen3ForSequenceClassification",
-            "DamchaQwen3ForTokenClassification",
-            "DamchaQwen3ForQuestionAnswering",
-        ),
-        ".modeling.modeling_damcha_qwen3",
-    ),
-    "DamchaPhi3Config": ".modeling.configuration_damcha_phi3",
-    **dict.fromkeys(
-        (
-            "DamchaPhi3Model",
-            "DamchaPhi3ForCausalLM",
-            "DamchaPhi3ForSequenceClassification",
-            "DamchaPhi3ForTokenClassification",
-        ),
-        ".modeling.modeling_damcha_phi3",
-    ),
-    "DamchaGemma2Config": ".modeling.configuration_damcha_gemma2",
-    **dict.fromkeys(
-        (
-            "DamchaGemma2Model",
-            "DamchaGemma2ForCausalLM",
-            "DamchaGemma2ForSequenceClassification",
-            "DamchaGemma2ForTokenClassification",
-        ),
-        ".modeling.modeling_damcha_gemma2",
-    ),
+    "DamchaViTDenoiserOutput": ".modeling.modeling_damcha_vit_denoiser",
     "convert_to_damcha": ".conversion",
     "save_hub_checkpoint": ".hub",
     "build_model_card": ".hub",
@@ -136,7 +44,19 @@ _PUBLIC_MODULES = {
     "write_metric_map": ".metric_map",
 }
 
-__all__ = [*_PUBLIC_MODULES, "__version__"]
+
+def _family_classes() -> dict[str, type]:
+    """Every family's config class and model classes by name, from the family declarations (`families.FAMILIES`).
+
+    Built on first use: the declarations import the model files, and so torch. (Using any DAMCHA class registers the
+    Auto classes, which imports every family anyway.)"""
+    from .families import FAMILIES, NATIVE_FAMILIES
+
+    classes = {}
+    for family in (*FAMILIES, *NATIVE_FAMILIES):
+        classes[family.config_class.__name__] = family.config_class
+        classes.update((head.model_class.__name__, head.model_class) for head in family.heads)
+    return classes
 
 
 # The package's own modules, reachable as attributes after a plain `import damcha_hf` (`damcha_hf.hub.push_checkpoint`,
@@ -163,16 +83,21 @@ SUBMODULES = (
 def __getattr__(name: str):
     if name in SUBMODULES:
         return importlib.import_module(f".{name}", __name__)  # the import also sets it as an attribute here
+    if name == "__all__":  # `from damcha_hf import *`
+        return sorted({*_PUBLIC_MODULES, *_family_classes(), "__version__"})
     module = _PUBLIC_MODULES.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(module, __name__), name)
+    elif name.startswith("Damcha") and name in (classes := _family_classes()):
+        value = classes[name]
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value  # later look-ups are plain attribute reads
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__) | set(SUBMODULES))
+    return sorted(set(globals()) | set(__getattr__("__all__")) | set(SUBMODULES))
 
 
 install_auto_class_registration()

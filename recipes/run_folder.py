@@ -302,7 +302,8 @@ def check_resume_state(args: argparse.Namespace, checkpoint: str | None, state: 
 
 def resume_weights_only(trainer) -> None:
     """--resume-weights-only under the `Trainer`: `train(resume_from_checkpoint=...)` then restores the weights and
-    the step count, not the optimizer, schedule or random state."""
+    the step count, not the optimizer, schedule or random state. (The Trainer has no public switch for a partial
+    resume, so its two loaders of that state are turned off on this instance.)"""
     trainer._load_optimizer_and_scheduler = lambda checkpoint: None
     trainer._load_rng_state = lambda checkpoint: None
 
@@ -426,7 +427,10 @@ def train(trainer, run: Run, load_state: bool):
         from transformers.trainer_callback import TrainerState
         from transformers.trainer_utils import TrainOutput
 
-        trainer._load_from_checkpoint(resume)
+        model = trainer.model
+        with checkpoint_checks.loading_checkpoint(resume, "the --resume checkpoint"):
+            loaded = type(model).from_pretrained(resume, attn_implementation=model.config._attn_implementation)
+        model.load_state_dict(loaded.state_dict())
         trainer.state = TrainerState.load_from_json(os.path.join(resume, TRAINER_STATE_FILE))
         return TrainOutput(trainer.state.global_step, None, {})
     if resume and not load_state:

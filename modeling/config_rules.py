@@ -44,10 +44,14 @@ def choice_rule(choices: tuple, *, none_means: str | None = None) -> FieldRule:
     )
 
 
-def positive_int_rule(meaning: str, suggestion: str) -> FieldRule:
+def positive_int_rule(meaning: str, suggestion: str, *, none_means: str | None = None) -> FieldRule:
+    """A positive integer; with `none_means`, None is accepted too and means that."""
     return FieldRule(
-        accepts=lambda value: isinstance(value, int) and not isinstance(value, bool) and value > 0,
-        description=f"a positive integer ({meaning})",
+        accepts=lambda value: (
+            (value is None and none_means is not None)
+            or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
+        ),
+        description=f"a positive integer ({meaning})" + (f", or None for {none_means}" if none_means else ""),
         fix=suggestion,
     )
 
@@ -57,13 +61,17 @@ class ConfigField:
     """A config field an attention variant adds to every DAMCHA config: its type and default, what it accepts, its
     entry in the config's docstring (`doc`, indented as transformers' `Args:` sections are) and its flag's help."""
 
-    type: type
+    type: object  # a type, or a union such as `int | None`
     default: object
     rule: FieldRule
     doc: str
     help: str  # a few words for its command-line flag
     documented_default: bool = True  # False where a family overrides the default (ViT's `metric_context`)
 
+    @property
+    def type_name(self) -> str:
+        return getattr(self.type, "__name__", str(self.type))  # `int`, or a union as written: `int | None`
+
     def docstring(self, name: str) -> str:
         default = f", defaults to `{self.default!r}`".replace("'", '"') if self.documented_default else ""
-        return f"    {name} (`{self.type.__name__}`, *optional*{default}):\n{self.doc.rstrip()}\n"
+        return f"    {name} (`{self.type_name}`, *optional*{default}):\n{self.doc.rstrip()}\n"

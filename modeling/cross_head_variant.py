@@ -35,8 +35,9 @@ class CrossHeadVariant:
     parameter_kind: ClassVar[str] = (
         "cross-head"  # its added parameters, as a card and an error name them: "<kind> weights"
     )
-    # Whether it runs with grouped-query attention (fewer key/value heads than query heads).
+    # Whether it runs with grouped-query attention (fewer key/value heads than query heads), and if not, why not.
     grouped_query: ClassVar[bool] = True
+    multi_head_only: ClassVar[str] = ""
 
     # --- the config -------------------------------------------------------------------------------------------------
 
@@ -52,13 +53,18 @@ class CrossHeadVariant:
             "them, or use `cross_head_variant='damcha'` or `'none'`, which run on every backend."
         )
 
+    def config_refusal(self, config) -> str | None:
+        """Why `config`'s fields do not fit together for this variant (one line naming the field and the fix), or None.
+        Each field on its own was checked against its rule already."""
+        return None
+
     def head_layout_refusal(self, config, heads: int, key_value_heads: int) -> str | None:
         """Why `config` cannot run with `heads` query and `key_value_heads` key/value heads, or None."""
         if self.grouped_query or key_value_heads == heads:
             return None
         name = type(config).__name__
         return (
-            f"{name}: `cross_head_variant={self.name!r}` mixes the score maps of all query heads, which this plugin "
+            f"{name}: `cross_head_variant={self.name!r}` {self.multi_head_only}, which this plugin "
             f"implements for multi-head attention only, but `num_key_value_heads` ({key_value_heads}) is not "
             f"`num_attention_heads` ({heads}). Use `cross_head_variant='damcha'` or `'none'` for grouped-query "
             f"models, or set `num_key_value_heads={heads}`."
@@ -95,6 +101,12 @@ class CrossHeadVariant:
         """
         return query, key, None
 
+    def attended_key(self, module, key):
+        """The key the attention function gets, from `key` `(batch, heads, seq, head_dim)` as the KV cache returns it
+        (the cache stores what `attention_inputs` gave). The attention core then lays the key heads side by side for a
+        query wider than the key (`metric.full_width_key`)."""
+        return key
+
     # --- conversion -------------------------------------------------------------------------------------------------
 
     def after_conversion(self, model, source) -> None:
@@ -108,6 +120,7 @@ class ScoreMixingVariant(CrossHeadVariant):
     attention, since no fused kernel exposes the score maps. Subclasses name their module class (`mixing_class`)."""
 
     grouped_query = False
+    multi_head_only = "mixes the score maps of all query heads"
     parameter_kind = "cross-head mixing"
 
     def mixing_class(self) -> type:

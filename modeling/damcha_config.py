@@ -70,6 +70,9 @@ def check_metric_options(config, *, causal: bool, rules: dict[str, FieldRule] = 
             message = rule.refusal(name, field, getattr(config, field))
             if message:
                 raise DamchaConfigError(message)
+    refusal = variant_of(config).config_refusal(config)
+    if refusal:
+        raise DamchaConfigError(refusal)
     if causal and getattr(config, "metric_context", None) == "sequence":
         raise DamchaConfigError(
             f"{name}: `metric_context='sequence'` averages over the whole sequence, which would let a causal "

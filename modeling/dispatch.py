@@ -114,7 +114,7 @@ def cross_head_attention(
         )  # fmt: skip
     if cache is not None:
         key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
-    key = full_width_key(query, key)
+    key = full_width_key(query, variant.attended_key(module, key))
     attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation, default_attention)
     return attention_interface(
         module, query, key, value, attention_mask, dropout=dropout, scaling=module.scaling, **kwargs

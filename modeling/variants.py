@@ -10,13 +10,16 @@ from types import SimpleNamespace
 
 from .config_rules import ConfigField
 from .cross_head_variant import CrossHeadVariant
+from .variant_colmha import VARIANT as COLMHA
 from .variant_damcha import VARIANT as DAMCHA
 from .variant_dcmha import VARIANT as DCMHA
 from .variant_mha import VARIANT as MHA
 from .variant_talking_heads import VARIANT as TALKING_HEADS
 
 # In the order the command line lists them; the first is the configs' default.
-VARIANTS: dict[str, CrossHeadVariant] = {variant.name: variant for variant in (DAMCHA, TALKING_HEADS, DCMHA, MHA)}
+VARIANTS: dict[str, CrossHeadVariant] = {
+    variant.name: variant for variant in (DAMCHA, TALKING_HEADS, DCMHA, COLMHA, MHA)
+}
 CROSS_HEAD_VARIANTS = tuple(VARIANTS)
 DEFAULT_VARIANT = CROSS_HEAD_VARIANTS[0]
 

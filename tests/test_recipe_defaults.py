@@ -100,7 +100,7 @@ def test_help_shows_the_real_defaults(name, capsys, tmp_path, monkeypatch):
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: 0.01)" in text  # --weight-decay, whose help says nothing else
     assert "--seed SEED (default: 0)" in text  # a default of 0 is a default too
-    assert "--cross-head-variant {damcha,talking_heads,dcmha,none}" in text
+    assert "--cross-head-variant {damcha,talking_heads,dcmha,colmha,none}" in text
     eval_default = 2000 if name == "train_vit" else 256
     assert re.search(rf"--max-eval-samples MAX_EVAL_SAMPLES [^-]*\(default: {eval_default}\)", text), text
     assert "(default: None)" not in text

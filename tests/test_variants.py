@@ -63,7 +63,7 @@ def test_every_config_class_has_every_variant_field_with_its_default_and_its_doc
         for field, spec in fields.items():
             if spec.documented_default:  # a family may choose another default where the field is not documented
                 assert getattr(config, field) == spec.default, (config_class.__name__, field)
-            assert f"    {field} (`{spec.type.__name__}`" in config_class.__doc__, (config_class.__name__, field)
+            assert f"    {field} (`{spec.type_name}`" in config_class.__doc__, (config_class.__name__, field)
         assert METRIC_OPTIONS_DOCSTRING in config_class.__doc__
 
 

@@ -1,0 +1,96 @@
+"""Collaborative multi-head attention (`cross_head_variant="colmha"`), a cross-head baseline: its declaration, its
+config field and its attention hook.
+
+The heads' shared query and key and their mixing vectors (`CollaborativeMixing`, exact MHA at init) are `colmha.py`;
+so is the re-parametrisation of a trained model that a compressed key dimension needs. Torch-free at import (see
+`cross_head_variant.py`). Part of the remote-code payload.
+"""
+
+from .config_rules import ConfigField, positive_int_rule
+from .cross_head_variant import CrossHeadVariant
+
+
+class CollaborativeAttention(CrossHeadVariant):
+    name = "colmha"
+    display_name = "ColMHA"
+    summary = "heads share one query/key projection, mixed per head"
+    description = (
+        "collaborative multi-head attention (ColMHA: the heads share one query and one key projection and differ by "
+        "a learned mixing vector)"
+    )
+    config_doc = (
+        '`"colmha"` (Cordonnier et al. 2020: the heads share one query and one key projection and differ by a '
+        "learned mixing vector each)"
+    )
+    reference = (
+        "Cordonnier, Loukas and Jaggi, Multi-Head Attention: Collaborate Instead of Concatenate, arXiv:2006.16362, 2020"
+    )
+    parameter_kind = "collaborative mixing"
+    grouped_query = False
+    multi_head_only = "shares one query and one key of all heads' width among the heads"
+    fields = {
+        "colmha_key_dim": ConfigField(
+            int | None,
+            None,
+            positive_int_rule(
+                "the shared query/key width of ColMHA",
+                "leave it None for all heads' width",
+                none_means="all heads' width",
+            ),
+            """        The shared query/key width `D~` of `"colmha"`: None (the default) keeps all heads' width
+        `num_attention_heads * head_dim`, where the layer starts as exact multi-head attention; a smaller width
+        compresses the shared query and key, fitted to a converted model's trained weights by a CP decomposition
+        (the paper's re-parametrisation; not exact). Used by `"colmha"` only.""",
+            help="ColMHA's shared query/key width (default: all heads' width, exact MHA at the start)",
+        )
+    }
+
+    def backends(self, config) -> tuple[str, ...]:
+        return ("eager", "sdpa")  # the shared query and key are wider than the value heads
+
+    def backend_refusal(self, config, requested: str) -> str:
+        return (
+            f"`cross_head_variant='colmha'` scores each head against a shared key wider than its value, which only "
+            f"eager attention and SDPA take; got `attn_implementation={requested!r}`. Load or build the model with "
+            "`attn_implementation='sdpa'` (or leave it unset)."
+        )
+
+    def config_refusal(self, config) -> str | None:
+        key_dim = getattr(config, "colmha_key_dim", None)
+        heads = config.num_attention_heads
+        width = heads * (getattr(config, "head_dim", None) or config.hidden_size // max(heads, 1))
+        if key_dim is not None and key_dim > width:
+            return (
+                f"{type(config).__name__}: `colmha_key_dim` ({key_dim}) is wider than all heads' query width "
+                f"({width}); use at most {width}, or None for exactly that width."
+            )
+        return None
+
+    def layer_module(self, config):
+        from .colmha import CollaborativeMixing
+
+        return CollaborativeMixing.from_config(config)
+
+    def init_weights(self, module, std: float) -> None:
+        from .colmha import init_colmha
+
+        init_colmha(module, std)
+
+    def attention_inputs(self, module, query, key, value, *, hidden_states, key_states, metric, **options):
+        attn_implementation = options.get("attn_implementation")
+        if attn_implementation not in (None, *self.backends(module.config)):
+            raise ValueError(self.backend_refusal(module.config, attn_implementation))
+        return module.cross_head_mixing.mixed_query(query), key, None
+
+    def attended_key(self, module, key):
+        return module.cross_head_mixing.shared_key(key)
+
+    def after_conversion(self, model, source) -> None:
+        from .colmha import CollaborativeMixing, reparametrize
+
+        for layer in model.modules():
+            if isinstance(getattr(layer, "cross_head_mixing", None), CollaborativeMixing):
+                layer.colmha_reparametrization_error = reparametrize(layer)
+
+
+VARIANT = CollaborativeAttention()

@@ -39,7 +39,7 @@ def tokens(batch=2, seq=12, seed=0):
 def variant_lm(variant, randomize=True, **overrides) -> DamchaGPT2LMHeadModel:
     model = DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(cross_head_variant=variant, **overrides)).eval()
     if randomize:
-        randomize_cross_head(model)
+        randomize_cross_head(model, scale=0.3)
     return model
 
 
@@ -275,7 +275,7 @@ def test_other_variants_keep_sdpa(variant):
         tiny_damcha_gpt2_config(cross_head_variant=variant), attn_implementation="sdpa"
     ).eval()
     assert model.config._attn_implementation == "sdpa"
-    randomize_cross_head(model)
+    randomize_cross_head(model, scale=0.3)
     eager = DamchaGPT2LMHeadModel._from_config(model.config, attn_implementation="eager").eval()
     eager.load_state_dict(model.state_dict())
     ids = tokens()
@@ -324,7 +324,7 @@ def variant_vit(variant, randomize=True, **overrides) -> DamchaViTForImageClassi
     config = tiny_damcha_vit_config(image_size=16, cross_head_variant=variant, **overrides)
     model = DamchaViTForImageClassification(config).eval()
     if randomize:
-        randomize_cross_head(model)
+        randomize_cross_head(model, scale=0.3)
     return model
 
 
@@ -337,7 +337,7 @@ def test_converted_vit_equals_vanilla(variant):
     with torch.no_grad():
         torch.testing.assert_close(model(pixels).logits, vanilla(pixels).logits, rtol=0, atol=1e-5)
     with torch.no_grad():  # and the variant matters once its parameters move
-        randomize_cross_head(model)
+        randomize_cross_head(model, scale=0.3)
         moved = model(pixels).logits
     if variant != "none":
         assert (moved - vanilla(pixels).logits).abs().max() > 1e-3

@@ -51,7 +51,7 @@ def trained_lm(variant, context, **overrides) -> DamchaGPT2LMHeadModel:
         cross_head_variant=variant, metric_context=context, initializer_range=0.2, **overrides
     )
     model = DamchaGPT2LMHeadModel(config).eval()
-    randomize_cross_head(model, scale=0.5)
+    randomize_cross_head(model)
     return model
 
 
@@ -140,7 +140,7 @@ def test_vit_attention_receives_no_argument_it_does_not_name(monkeypatch):
 def test_llama_attention_receives_no_argument_it_does_not_name(monkeypatch):
     unread = _unread_keyword_arguments(monkeypatch, modeling_damcha_llama.DamchaLlamaAttention)
     model = damcha_hf.DamchaLlamaForCausalLM(tiny_damcha_llama_config()).eval()
-    randomize_cross_head(model, scale=0.5)
+    randomize_cross_head(model)
     prompt = tokens()
     greedy(model, prompt, output_attentions=True, output_hidden_states=True)
     greedy(model, prompt, cache_implementation="static")
@@ -389,7 +389,7 @@ def test_vit_sequence_metric_with_padding_equals_the_model_without_the_padded_to
     """Oracle: the same layers run on the kept tokens alone, one image at a time, without a mask."""
     model = DamchaViTModel(tiny_damcha_vit_config(metric_context="sequence", metric_form=metric_form)).eval()
     model.set_attn_implementation(attn)
-    randomize_cross_head(model, scale=0.5)
+    randomize_cross_head(model)
     pixels = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(3))
     mask = _padding_mask()
     with torch.no_grad():
@@ -410,7 +410,7 @@ def test_vit_sequence_metric_with_padding_equals_the_model_without_the_padded_to
 
 def test_vit_sequence_metric_mean_ignores_the_values_of_padded_tokens():
     model = DamchaViTModel(tiny_damcha_vit_config(metric_context="sequence")).eval()
-    randomize_cross_head(model, scale=0.5)
+    randomize_cross_head(model)
     layer = model.layers[0].attention
     x = torch.randn(2, 9, 32)
     mask = torch.ones(2, 9, dtype=torch.bool)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import transformers
-from conftest import TINY_VIT, randomize_metric, tiny_bart_config, tiny_gpt2_config, tiny_llama_config
+from conftest import TINY_VIT, randomize_cross_head, tiny_bart_config, tiny_gpt2_config, tiny_llama_config
 from test_remote_code import load_checkpoints_in_fresh_process
 from tiny_decoders import tiny_stock_config
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -156,7 +156,7 @@ def trained_model(name: str, head: DamchaHead | None = None, attn: str | None = 
     stock = head.stock_class(case.stock_config()).eval()
     model = damcha_hf.convert_to_damcha(stock, **options).eval()
     model.set_attn_implementation(attn)
-    randomize_metric(model)
+    randomize_cross_head(model)
     return model
 
 

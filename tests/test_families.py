@@ -1,13 +1,15 @@
 """The contract every DAMCHA architecture meets, run for each family of `damcha_hf.families.FAMILIES`.
 
 A new family plugs in by adding a `FamilyCase` (a tiny stock config and its inputs) to `CASES`; every head its
-declaration lists, and every metric context it offers, is then checked against the stock transformers class it
-converts from: conversion and loading a stock checkpoint are exact at a zero generator; eager equals SDPA; the
-attention maps are probability maps; save/load through the Auto class round-trips exactly; gradient checkpointing
-gives the same gradients; a checkpoint loads as remote code without the plugin. Causal families also: generation with
-a dynamic or static cache equals generation without one and one full forward pass, future tokens leave past logits
-alone, and a left-padded batch generates what each row generates alone.
-Per-family files (test_gpt2.py, test_llama.py, test_vit.py) keep what is specific to one architecture.
+declaration lists, every metric context it offers and every cross-head variant (`CROSS_HEAD_VARIANTS`, DAMCHA in each
+`metric_form`) is then checked against the stock transformers class it converts from: conversion and loading a stock
+checkpoint are exact at the MHA start, and the variant's parameters change the outputs once moved; eager equals SDPA;
+the attention maps are probability maps; save/load through the Auto class round-trips exactly; gradient checkpointing
+gives the same gradients; a checkpoint loads as remote code without the plugin. Causal families also, for every
+variant: generation with a dynamic or static cache equals generation without one and one full forward pass, future
+tokens leave past logits alone, and a left-padded batch generates what each row generates alone. The comparisons run
+in float64 (`FLOAT64`, `tolerance`). Per-family files (test_gpt2.py, test_llama.py, test_vit.py, test_bart.py) keep
+what is specific to one architecture.
 """
 
 import functools
@@ -192,13 +194,20 @@ def left_padded(input_ids: torch.Tensor, padding: int = 3) -> torch.Tensor:
     return mask
 
 
+def right_padded(input_ids: torch.Tensor, padding: int = 3) -> torch.Tensor:
+    """An attention mask that pads the last `padding` positions of the second row."""
+    mask = torch.ones_like(input_ids)
+    mask[1, -padding:] = 0
+    return mask
+
+
 @functools.cache
 def eager_softmax_in_float32(name: str) -> bool:
     """Whether the family's stock eager attention takes its softmax in float32 in a float64 model: then every
     attention probability it returns is a float32 number."""
-    stock = CASES[name].family.task_head.stock_class(CASES[name].stock_config()).eval().double()
-    stock.set_attn_implementation("eager")
-    with torch.no_grad():
+    with torch.random.fork_rng(), torch.no_grad():  # leaves the random numbers of the test that asks first alone
+        stock = CASES[name].family.task_head.stock_class(CASES[name].stock_config()).eval().double()
+        stock.set_attn_implementation("eager")
         outputs = stock(**in_float64(CASES[name].inputs()), output_attentions=True)
     maps = outputs.encoder_attentions if CASES[name].family.encoder_decoder else outputs.attentions
     return all(torch.equal(probabilities, probabilities.float().double()) for probabilities in maps)
@@ -211,22 +220,15 @@ def tolerance(name: str, *backends: str, variant: str = "damcha", form: str = ME
     return EAGER_FLOAT32_SOFTMAX if stock_eager and eager_softmax_in_float32(name) else FLOAT64
 
 
-def right_padded(input_ids: torch.Tensor, padding: int = 3) -> torch.Tensor:
-    """An attention mask that pads the last `padding` positions of the second row."""
-    mask = torch.ones_like(input_ids)
-    mask[1, -padding:] = 0
-    return mask
-
-
 @functools.cache
 def pads_on_the_left_in_float64(name: str, attn: str) -> bool:
     """Whether the stock model runs a left-padded batch in float64. The rotary decoders' eager attention takes its
     softmax in float32, where float64's mask minimum becomes -inf, so that a padded position, which sees no token,
     gets NaN, and every later position of its row with it."""
-    stock = CASES[name].family.task_head.stock_class(CASES[name].stock_config()).eval().double()
-    stock.set_attn_implementation(attn)
-    ids = text_inputs()["input_ids"]
-    with torch.no_grad():
+    with torch.random.fork_rng(), torch.no_grad():
+        stock = CASES[name].family.task_head.stock_class(CASES[name].stock_config()).eval().double()
+        stock.set_attn_implementation(attn)
+        ids = text_inputs()["input_ids"]
         return not stock(ids, attention_mask=left_padded(ids)).logits.isnan().any()
 
 
@@ -317,8 +319,9 @@ def test_every_cross_head_variant_converts_exactly_and_its_parameters_change_the
     expected_backend = "eager" if mixes_score_maps(variant, form) else stock.config._attn_implementation
     assert damcha.config._attn_implementation == expected_backend
     inputs = in_float64(case.inputs())
-    if "input_ids" in inputs:  # and with the last positions of the second row padded
-        inputs["attention_mask"] = right_padded(inputs["input_ids"])
+    if "input_ids" in inputs:  # and the second row padded: on the left where the stock backend can in float64
+        padded = left_padded if pads_on_the_left_in_float64(name, stock.config._attn_implementation) else right_padded
+        inputs["attention_mask"] = padded(inputs["input_ids"])
     kept = inputs["attention_mask"].bool() if "input_ids" in inputs and not case.family.encoder_decoder else ...
     with torch.no_grad():
         expected = first_output(stock(**inputs))

@@ -1,10 +1,13 @@
-"""Naive references for the rotary decoders' DAMCHA attention, shared by test_llama.py and test_decoder_families.py.
+"""The tests' one set of naive references for cross-head attention: the cross-head matrix `C` of DAMCHA from its
+generator's weights, and the per-head attention of the rotary decoders built on it.
 
-Everything is written out by hand, one query head and one (query, key) position pair at a time: RoPE from its
-formula, the cross-head matrix `C` from the generator's weights, the mixed keys `K~ = sum_j C_ij K_j`, the scale,
-the logit soft-cap, the causal and sliding-window masks, the softmax and the grouped-query value heads. Run it in
-float64 on a float64 model, so that a comparison's tolerance is float64 rounding.
+Everything is written out by hand: the generator's MLP and its GELU from their formulas, the grouped-query identity as
+a loop, and the attention one query head and one (query, key) position pair at a time: RoPE, the mixed keys
+`K~ = sum_j C_ij K_j`, the scale, the logit soft-cap, the causal and sliding-window masks, the softmax and the
+grouped-query value heads. Run it in float64 on a float64 model, so that a comparison's tolerance is float64 rounding.
 """
+
+import math
 
 import torch
 
@@ -20,11 +23,24 @@ def rotate(x, position, base, rotary_dim=None):
     return torch.cat([first * cos - second * sin, first * sin + second * cos, rest], dim=-1)
 
 
-def oracle_cross_head(metric, z, rows, columns, mask="full", layer=0):
-    """C(z) from the generator's weights; the identity of grouped-query attention maps query head i to group i // g."""
-    generator = metric.generators[layer if len(metric.generators) > 1 else 0]
-    hidden = torch.nn.functional.gelu(z @ generator.fc_in.weight.T + generator.fc_in.bias)
-    offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).reshape(rows, columns)
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """The exact (erf) GELU: x * Phi(x)."""
+    return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+
+def oracle_cross_head(metric, z, rows: int, columns: int, mask: str = "full", layer: int = 0) -> torch.Tensor:
+    """DAMCHA's cross-head matrix `C(z) = I + fc_out(gelu(fc_in(z)))` `(..., rows, columns)` for inputs `z` `(..., d)`,
+    from the weights of the generator of `layer` (the one generator of a stack that shares it), masked as
+    `metric_mask` says: "full", "diagonal" (C_ij = 0 for i != j) or "offdiagonal" (C_ii = 0).
+
+    `rows` x `columns` is H x H for multi-head attention; under grouped-query attention (H query heads sharing H_kv
+    key/value heads) it is H_kv x H_kv, or H x H_kv where each query head has a row, and the identity then maps query
+    head i to its group i // (H / H_kv).
+    """
+    generators = metric.generators
+    generator = generators[layer] if len(generators) > 1 else generators[0]
+    hidden = gelu(z @ generator.fc_in.weight.T + generator.fc_in.bias)
+    offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).reshape(*z.shape[:-1], rows, columns)
     identity = torch.zeros(rows, columns, dtype=offsets.dtype)
     for i in range(rows):
         identity[i, i // (rows // columns)] = 1.0

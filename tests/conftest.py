@@ -112,15 +112,6 @@ def tiny_damcha_llama_config(**overrides) -> damcha_hf.DamchaLlamaConfig:
     return damcha_hf.DamchaLlamaConfig(**{**TINY_LLAMA, "metric_hidden_size": 16, **overrides})
 
 
-def randomize_metric(model: torch.nn.Module, scale: float = 0.5, seed: int = 0) -> None:
-    """Move every metric generator off zero, so that C is a random non-identity matrix."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "cross_head_metric" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
-
-
 # 4 heads of width 8 in each stack; token 2 ends a sequence and starts the decoder, 1 pads.
 TINY_BART = {
     "vocab_size": 97,
@@ -146,9 +137,10 @@ def tiny_bart_config(**overrides) -> BartConfig:
     return BartConfig(**{**TINY_BART, **overrides})
 
 
-def randomize_cross_head(model: torch.nn.Module, scale: float = 0.3, seed: int = 0) -> None:
-    """Move every cross-head parameter off its MHA start: DAMCHA's generator, the talking-heads matrices and DCMHA's
-    projections (identity-initialised matrices get identity + noise, the others noise)."""
+def randomize_cross_head(model: torch.nn.Module, scale: float = 0.5, seed: int = 0) -> None:
+    """Move every cross-head parameter of any variant off its MHA start, as training would: DAMCHA's generators (so
+    that `C` is a random non-identity matrix), the talking-heads matrices and DCMHA's projections (identity-initialised
+    matrices get identity + noise, the others noise of standard deviation `scale`)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():

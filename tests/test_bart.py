@@ -9,8 +9,8 @@ computed once per source; right-padded sources; the config's checks.
 import pytest
 import torch
 import transformers
+from attention_oracle import oracle_cross_head
 from conftest import randomize_cross_head, tiny_bart_config
-from torch import nn
 
 import damcha_hf
 from damcha_hf.modeling.modeling_damcha_bart import DamchaBartAttention, is_cross_attention_layer
@@ -48,22 +48,11 @@ def trained_bart(attn: str = "eager", **options):
     model = damcha_hf.convert_to_damcha(stock, **options).eval()
     if model.config.cross_head_variant in ("none", "damcha") and model.config.metric_form == "keys":
         model.set_attn_implementation(attn)
-    randomize_cross_head(model)
+    randomize_cross_head(model, scale=0.3)
     return model
 
 
 # --- each attention against a naive reference ---------------------------------------------------------------------
-
-
-def naive_metric(metric: nn.Module, index: int, z: torch.Tensor, mask: str) -> torch.Tensor:
-    """`C = I + G(z)` `(..., H, H)` from the generator's weights, masked as `metric_mask` says."""
-    generator = metric.generators[index]
-    heads = generator.num_heads
-    offsets = generator.fc_out(nn.functional.gelu(generator.fc_in(z))).view(*z.shape[:-1], heads, heads)
-    identity = torch.eye(heads, dtype=z.dtype)
-    if mask == "offdiagonal":
-        return offsets * (1 - identity)
-    return (identity + offsets) * (identity if mask == "diagonal" else 1)
 
 
 def naive_attention(layer, x, source, additive_mask, metric, source_mask):
@@ -82,13 +71,17 @@ def naive_attention(layer, x, source, additive_mask, metric, source_mask):
     if cross and config.cross_attention_metric == "own":  # after the self-attention layers' generators
         index += config.decoder_layers if per_layer else 1
     if context == "token":
-        c = naive_metric(metric, index, source, config.metric_mask)[:, None]  # (b, 1, s, H, H): per key
+        c = oracle_cross_head(metric, source, heads, heads, config.metric_mask, index)[
+            :, None
+        ]  # (b, 1, s, H, H): per key
     elif context == "query":
-        c = naive_metric(metric, index, x, config.metric_mask)[:, :, None]  # (b, t, 1, H, H): per query
+        c = oracle_cross_head(metric, x, heads, heads, config.metric_mask, index)[
+            :, :, None
+        ]  # (b, t, 1, H, H): per query
     else:
         weights = source_mask.to(source.dtype)[..., None]
         mean = (source * weights).sum(1) / weights.sum(1)
-        c = naive_metric(metric, index, mean, config.metric_mask)[:, None, None]  # per source
+        c = oracle_cross_head(metric, mean, heads, heads, config.metric_mask, index)[:, None, None]  # per source
     scores = torch.zeros(batch, heads, queries, keys, dtype=q.dtype)
     for i in range(heads):
         for j in range(heads):
@@ -252,7 +245,7 @@ def test_the_metric_map_names_each_stack_and_gives_the_cross_attention_its_own_m
                                       "cross-attention 0", "cross-attention 1"]  # fmt: skip
     with torch.no_grad():  # "token" cross-attention: C of each source token, from the cross-attention's generator (1)
         source = model.get_encoder()(input_ids=ids).last_hidden_state[0]
-        expected = naive_metric(model.model.decoder.cross_head_metric, 1, source, "full").mean(0)
+        expected = oracle_cross_head(model.model.decoder.cross_head_metric, source, 4, 4, layer=1).mean(0)
     for name in ("cross-attention 0", "cross-attention 1"):
         torch.testing.assert_close(metric_map.matrices[metric_map.layer_names.index(name)], expected)
     assert metric_map.tokens_seen == [ids.shape[1]] * 6

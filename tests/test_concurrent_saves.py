@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import randomize_metric, tiny_damcha_gpt2_config
+from conftest import randomize_cross_head, tiny_damcha_gpt2_config
 from safetensors.torch import load_file
 
 import damcha_hf
@@ -49,7 +49,7 @@ def processes():
 def tiny_model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(n_layer=1))
-    randomize_metric(model, seed=seed)
+    randomize_cross_head(model, seed=seed)
     return model
 
 

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from attention_oracle import oracle_cross_head
 from torch.nn import functional as F
 
 from damcha_hf.modeling.metric import (
@@ -26,19 +27,6 @@ def random_metric(seed: int = 0) -> CrossHeadMetric:
     return metric
 
 
-def oracle_cross_head(metric: CrossHeadMetric, z: torch.Tensor, layer_idx: int, mask: str) -> torch.Tensor:
-    """C(z) written out from the generator's weights: I + W2 gelu(W1 z + b1) + b2, then the ablation mask."""
-    generator = metric.generators[layer_idx]
-    hidden = F.gelu(z @ generator.fc_in.weight.T + generator.fc_in.bias)
-    offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).reshape(*z.shape[:-1], HEADS, HEADS)
-    eye = torch.eye(HEADS, dtype=z.dtype)
-    if mask == "full":
-        return eye + offsets
-    if mask == "diagonal":
-        return eye * (1 + offsets)
-    return offsets * (1 - eye)
-
-
 def oracle_scores(query, key, x, metric, layer_idx, context, mask):
     """S[b, i, t, s] = sum_j C_ij(z) <q_i[t], k_j[s]>, with z chosen by the context, one head pair at a time."""
     scores = [[[[0.0] * SEQ for _ in range(SEQ)] for _ in range(HEADS)] for _ in range(BATCH)]
@@ -46,7 +34,7 @@ def oracle_scores(query, key, x, metric, layer_idx, context, mask):
         for t in range(SEQ):
             for s in range(SEQ):
                 z = {"token": x[b, s], "query": x[b, t], "sequence": x[b].mean(0)}[context]
-                cross_head = oracle_cross_head(metric, z, layer_idx, mask)
+                cross_head = oracle_cross_head(metric, z, HEADS, HEADS, mask, layer_idx)
                 for i in range(HEADS):
                     for j in range(HEADS):
                         scores[b][i][t][s] = scores[b][i][t][s] + cross_head[i, j] * (query[b, i, t] @ key[b, j, s])
@@ -192,7 +180,7 @@ def test_generator_with_replaced_modules_runs_them():
     hidden = F.gelu(x @ generator.fc_in.weight.T + generator.fc_in.bias, approximate="tanh")
     offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).reshape(BATCH, SEQ, HEADS, HEADS)
     torch.testing.assert_close(metric(x, 0), torch.eye(HEADS) + offsets)
-    assert not torch.allclose(metric(x, 0), oracle_cross_head(metric, x, 0, "full"), atol=1e-4)  # exact GELU differs
+    assert not torch.allclose(metric(x, 0), oracle_cross_head(metric, x, HEADS, HEADS), atol=1e-4)  # exact GELU differs
 
 
 @pytest.mark.parametrize("shape", [(1, 64), (3, 7, 8), (1, 1), (300, 64)])
@@ -225,7 +213,7 @@ def test_inference_path_equals_the_autograd_path_and_the_oracle():
     for x in (torch.randn(1, 1, HIDDEN, dtype=torch.float64), torch.randn(BATCH, SEQ, HIDDEN, dtype=torch.float64)):
         for layer_idx in (0, 1):
             for mask in ("full", "diagonal", "offdiagonal"):
-                expected = oracle_cross_head(metric, x, layer_idx, mask)
+                expected = oracle_cross_head(metric, x, HEADS, HEADS, mask, layer_idx)
                 with torch.no_grad():
                     inference = metric(x, layer_idx, mask)
                 trained = metric(x.clone().requires_grad_(), layer_idx, mask)
@@ -245,7 +233,7 @@ def test_bf16_autocast_gradients_flow_through_the_plain_path():
     # of their size (eps / 2), against an oracle in float32; a few such roundings add up, not 8 eps of them.
     tolerance = 8 * torch.finfo(torch.bfloat16).eps
     torch.testing.assert_close(
-        cross_head.float(), oracle_cross_head(metric, x.detach(), 0, "full"), rtol=tolerance, atol=tolerance
+        cross_head.float(), oracle_cross_head(metric, x.detach(), HEADS, HEADS), rtol=tolerance, atol=tolerance
     )
     assert x.grad is not None and metric.generators[0].fc_in.weight.grad is not None
 

@@ -16,7 +16,7 @@ import huggingface_hub
 import pytest
 import torch
 from attention_oracle import oracle_attention_heads, rotate
-from conftest import CACHE_ARGUMENT, randomize_metric
+from conftest import CACHE_ARGUMENT, randomize_cross_head
 from test_contract import IGNORED_LAYER_ARGUMENTS, _unread_keyword_arguments
 from test_recipes import corpus  # noqa: F401  (a fixture)
 from tiny_decoders import STOCK_CONFIGS, WINDOW, tiny_stock_config
@@ -51,7 +51,7 @@ def trained_lm(name, context="token", attn="eager", dtype=torch.float32, **overr
     """A DAMCHA language model converted from a random stock one, with a random ("trained") generator."""
     model = damcha_hf.convert_to_damcha(stock_lm(name, **overrides), metric_context=context).to(dtype)
     model.set_attn_implementation(attn)
-    randomize_metric(model)
+    randomize_cross_head(model)
     return model
 
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import yaml
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy, get_module_children_bottom_up
-from conftest import randomize_metric, tiny_damcha_gpt2_config, tiny_damcha_llama_config
+from conftest import randomize_cross_head, tiny_damcha_gpt2_config, tiny_damcha_llama_config
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -96,7 +96,7 @@ def single_process_group(tmp_path):
 @pytest.mark.parametrize("make_config", [tiny_damcha_gpt2_config, tiny_damcha_llama_config], ids=["gpt2", "llama"])
 def test_fsdp_sharded_model_saves_its_own_code_and_loads_exactly(tmp_path, single_process_group, make_config):
     model = AutoModelForCausalLM.from_config(make_config())
-    randomize_metric(model)
+    randomize_cross_head(model)
     plain_folder = tmp_path / "plain"
     model.save_pretrained(plain_folder)
     expected = {name: tensor.clone() for name, tensor in model.state_dict().items()}

@@ -6,7 +6,8 @@ import math
 
 import pytest
 import torch
-from conftest import randomize_metric, tiny_damcha_gpt2_config
+from attention_oracle import oracle_cross_head
+from conftest import randomize_cross_head, tiny_damcha_gpt2_config
 
 import damcha_hf
 from damcha_hf import (
@@ -26,7 +27,7 @@ def damcha_lm(context="token", attn="sdpa", randomize=True, **overrides):
     model = DamchaGPT2LMHeadModel(config).eval()
     model.set_attn_implementation(attn)
     if randomize:
-        randomize_metric(model)
+        randomize_cross_head(model)
     return model
 
 
@@ -40,11 +41,7 @@ def oracle_attention(attention, cross_head_metric, x, context, mask):
     head_dim = hidden // heads
     qkv = x @ attention.c_attn.weight + attention.c_attn.bias
     q, k, v = (t.reshape(batch, seq, heads, head_dim) for t in qkv.split(hidden, dim=-1))
-    generator = cross_head_metric.generators[0]
-    offsets = torch.nn.functional.gelu(x @ generator.fc_in.weight.T + generator.fc_in.bias)
-    offsets = (offsets @ generator.fc_out.weight.T + generator.fc_out.bias).reshape(batch, seq, heads, heads)
-    eye = torch.eye(heads)
-    cross_head = {"full": eye + offsets, "diagonal": eye * (1 + offsets), "offdiagonal": offsets * (1 - eye)}[mask]
+    cross_head = oracle_cross_head(cross_head_metric, x, heads, heads, mask)
     out = torch.zeros(batch, seq, heads, head_dim)
     for b in range(batch):
         for i in range(heads):

@@ -11,7 +11,8 @@ import huggingface_hub
 import pytest
 import torch
 import yaml
-from conftest import randomize_metric, tiny_damcha_gpt2_config
+from attention_oracle import oracle_cross_head
+from conftest import randomize_cross_head, tiny_damcha_gpt2_config
 from huggingface_hub import HfApi, ModelCard
 from PIL import Image
 from test_remote_code import load_in_fresh_process
@@ -88,7 +89,7 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 def tiny_lm(**overrides) -> damcha_hf.DamchaGPT2LMHeadModel:
     model = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(**overrides)).eval()
-    randomize_metric(model, scale=0.3)
+    randomize_cross_head(model, scale=0.3)
     return model
 
 
@@ -524,17 +525,14 @@ def test_push_refuses_pickled_weights_bad_ids_and_local_paths(tmp_path, fake_hub
 
 @torch.no_grad()
 def naive_mean_cross_head(model, input_ids: torch.Tensor) -> torch.Tensor:
-    """Oracle: C = I + W2 gelu(W1 x + b1) + b2 on each layer's normalised attention input, averaged over tokens."""
+    """Oracle: C = I + G(x) on each layer's normalised attention input, averaged over tokens."""
     transformer = model.transformer
     hidden_states = transformer(input_ids, output_hidden_states=True).hidden_states
     heads = model.config.n_head
     matrices = []
     for layer, block in enumerate(transformer.h):
-        generator = transformer.cross_head_metric.generators[0]
         x = block.ln_1(hidden_states[layer])
-        hidden = torch.nn.functional.gelu(x @ generator.fc_in.weight.T + generator.fc_in.bias)
-        offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).view(*x.shape[:-1], heads, heads)
-        matrices.append((torch.eye(heads) + offsets).mean(dim=(0, 1)))
+        matrices.append(oracle_cross_head(transformer.cross_head_metric, x, heads, heads, layer=layer).mean(dim=(0, 1)))
     return torch.stack(matrices)
 
 
@@ -632,7 +630,7 @@ def test_inspect_a_vit_checkpoint_on_an_image_folder(tmp_path, capsys):
 
     folder = tmp_path / "vit"
     model = damcha_hf.DamchaViTForImageClassification(tiny_damcha_vit_config(num_hidden_layers=3))
-    randomize_metric(model)
+    randomize_cross_head(model)
     model.save_pretrained(folder)
     pictures = tmp_path / "pictures"
     pictures.mkdir()

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from attention_oracle import oracle_cross_head
 from conftest import (
     TINY_BART,
     TINY_VIT,
-    randomize_metric,
+    randomize_cross_head,
     tiny_damcha_gpt2_config,
     tiny_damcha_llama_config,
     tiny_damcha_vit_config,
@@ -70,7 +71,7 @@ FAMILY_CHECKPOINTS = {
 def test_inspect_draws_every_family_beside_the_checkpoint(family, tmp_path, capsys):
     build, panels = FAMILY_CHECKPOINTS[family]
     model = build()
-    randomize_metric(model)
+    randomize_cross_head(model)
     model.save_pretrained(tmp_path / family)
     capsys.readouterr()
     assert cli_main(["inspect", str(tmp_path / family)]) == 0
@@ -85,24 +86,21 @@ def test_inspect_draws_every_family_beside_the_checkpoint(family, tmp_path, caps
 
 @torch.no_grad()
 def naive_denoiser_metric(model, pixel_values: torch.Tensor, timestep: int) -> torch.Tensor:
-    """Oracle for `metric_context="sequence"`: per layer and image, C = I + W2 gelu(W1 z + b1) + b2 with z the mean
+    """Oracle for `metric_context="sequence"`: per layer and image, C = I + G(z) with z the mean
     of the layer's normalised input over its tokens (the time token and the patches), averaged over the images."""
     hidden_states = model(pixel_values, timestep, output_hidden_states=True).hidden_states
-    generator = model.vit.cross_head_metric.generators[0]
     heads = model.config.num_attention_heads
     matrices = []
     for layer, block in enumerate(model.vit.layers):
         z = block.layernorm_before(hidden_states[layer]).mean(dim=1)
-        hidden = torch.nn.functional.gelu(z @ generator.fc_in.weight.T + generator.fc_in.bias)
-        offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).view(-1, heads, heads)
-        matrices.append((torch.eye(heads, dtype=z.dtype) + offsets).mean(dim=0))
+        matrices.append(oracle_cross_head(model.vit.cross_head_metric, z, heads, heads, layer=layer).mean(dim=0))
     return torch.stack(matrices)
 
 
 def test_the_denoisers_metric_map_is_taken_at_a_timestep():
     torch.manual_seed(0)
     model = damcha_hf.DamchaViTDenoiserModel(denoiser_config()).double().eval()
-    randomize_metric(model)
+    randomize_cross_head(model)
     pixel_values = torch.randn(3, 1, 28, 28, dtype=torch.float64)
     maps = {step: compute_metric_map(model, {"pixel_values": pixel_values}, timestep=step) for step in (10, 900)}
     for step, metric_map in maps.items():  # float64 oracle, the map rounded once to float32
@@ -121,7 +119,7 @@ def test_the_denoisers_metric_map_is_taken_at_a_timestep():
 
 def test_inspect_takes_the_denoiser_at_the_middle_of_its_schedule_or_at_timestep(tmp_path, capsys):
     model = damcha_hf.DamchaViTDenoiserModel(denoiser_config()).eval()
-    randomize_metric(model)
+    randomize_cross_head(model)
     folder = tmp_path / "denoiser"
     model.save_pretrained(folder)
     (folder / "scheduler_config.json").write_text(json.dumps({"num_train_timesteps": 100}))

@@ -8,15 +8,15 @@ import math
 
 import pytest
 import torch
+from attention_oracle import oracle_cross_head
 from conftest import (
     CACHE_ARGUMENT,
-    randomize_metric,
+    randomize_cross_head,
     tiny_damcha_gpt2_config,
     tiny_damcha_llama_config,
     tiny_gpt2_config,
     tiny_llama_config,
 )
-from torch.nn import functional as F
 from transformers import DynamicCache, GPT2LMHeadModel, LlamaForCausalLM, StaticCache
 
 import damcha_hf
@@ -26,19 +26,6 @@ from damcha_hf.modeling.score_mixing import score_mixing_attention
 BATCH, SEQ, HIDDEN, HEADS, HEAD_DIM = 2, 6, 24, 4, 5
 
 
-def written_out_cross_head(metric: CrossHeadMetric, z: torch.Tensor, mask: str) -> torch.Tensor:
-    """C(z) = I + W2 gelu(W1 z + b1) + b2, then the ablation mask, from the generator's weights."""
-    generator = metric.generators[0]
-    offsets = F.linear(F.gelu(F.linear(z, generator.fc_in.weight, generator.fc_in.bias)), generator.fc_out.weight)
-    offsets = (offsets + generator.fc_out.bias).view(*z.shape[:-1], metric.num_heads, metric.num_key_value_heads)
-    identity = torch.eye(metric.num_heads)
-    if mask == "diagonal":
-        return (identity + offsets) * identity
-    if mask == "offdiagonal":
-        return offsets * (1 - identity)
-    return identity + offsets
-
-
 def oracle_attention(query, key, value, hidden_states, metric, context, mask, causal, token_mask=None):
     """Every head pair in a loop: S_i[t, s] = sum_j C_ij(z) q_j[t] . k_g(j)[s] / sqrt(d_h), masked, softmax, P_i v_i."""
     heads, kv_heads = query.shape[1], key.shape[1]
@@ -46,9 +33,9 @@ def oracle_attention(query, key, value, hidden_states, metric, context, mask, ca
     if context == "sequence":
         weights = torch.ones(hidden_states.shape[:2]) if token_mask is None else token_mask.float()
         mean = (hidden_states * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
-        cross_head = written_out_cross_head(metric, mean, mask)[:, None, None]  # (b, 1, 1, H, H)
+        cross_head = oracle_cross_head(metric, mean, heads, heads, mask)[:, None, None]  # (b, 1, 1, H, H)
     else:
-        per_token = written_out_cross_head(metric, hidden_states, mask)  # (b, n, H, H)
+        per_token = oracle_cross_head(metric, hidden_states, heads, heads, mask)  # (b, n, H, H)
         cross_head = per_token[:, :, None] if context == "query" else per_token[:, None, :]  # (b, t|1, s|1, H, H)
     seq = query.shape[2]
     outputs = torch.zeros(BATCH, heads, seq, value.shape[-1])
@@ -77,7 +64,7 @@ class _Layer(torch.nn.Module):
 def test_scores_form_matches_the_head_pair_oracle(context, mask, kv_heads):
     torch.manual_seed(0)
     metric = CrossHeadMetric(HIDDEN, HEADS, metric_hidden_size=8, num_key_value_heads=HEADS)
-    randomize_metric(torch.nn.ModuleDict({"cross_head_metric": metric}))
+    randomize_cross_head(torch.nn.ModuleDict({"cross_head_metric": metric}))
     hidden_states = torch.randn(BATCH, SEQ, HIDDEN)
     query = torch.randn(BATCH, HEADS, SEQ, HEAD_DIM)
     key, value = torch.randn(BATCH, kv_heads, SEQ, HEAD_DIM), torch.randn(BATCH, kv_heads, SEQ, HEAD_DIM)
@@ -116,7 +103,7 @@ def test_scores_form_converts_exactly_and_generates_the_same_with_and_without_a_
     assert converted.config._attn_implementation == "eager"
     with torch.no_grad():
         torch.testing.assert_close(converted(ids).logits, stock(ids).logits, rtol=0, atol=1e-5)
-    randomize_metric(converted)
+    randomize_cross_head(converted)
     with torch.no_grad():
         full = converted(ids).logits
         # causal: changing the last token leaves every earlier position's logits unchanged
@@ -159,7 +146,7 @@ def test_scores_form_checkpoint_loads_as_remote_code_without_the_plugin(tmp_path
     from test_remote_code import load_in_fresh_process
 
     model = damcha_hf.DamchaLlamaForCausalLM(tiny_damcha_llama_config(metric_form="scores", metric_context="query"))
-    randomize_metric(model)
+    randomize_cross_head(model)
     model.eval().save_pretrained(tmp_path / "checkpoint")
     inputs = {"input_ids": torch.randint(3, 97, (2, 7))}
     with torch.no_grad():

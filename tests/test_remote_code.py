@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import randomize_metric, tiny_damcha_gpt2_config, tiny_damcha_llama_config, tiny_damcha_vit_config
+from conftest import randomize_cross_head, tiny_damcha_gpt2_config, tiny_damcha_llama_config, tiny_damcha_vit_config
 
 import damcha_hf
 from damcha_hf.families import family_of
@@ -164,7 +164,7 @@ def test_vit_hub_checkpoint_loads_with_trust_remote_code_without_the_plugin(tmp_
     from damcha_hf.hub import save_hub_checkpoint
 
     model = damcha_hf.DamchaViTForImageClassification(tiny_damcha_vit_config()).eval()
-    randomize_metric(model)
+    randomize_cross_head(model)
     processor = ViTImageProcessor(size={"height": 28, "width": 28}, image_mean=[0.5], image_std=[0.5])
     folder = save_hub_checkpoint(model, tmp_path / "vit", tokenizer_or_processor=processor, metric_heatmap=False)
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]

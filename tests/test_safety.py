@@ -14,7 +14,7 @@ import huggingface_hub
 import pytest
 import torch
 from conftest import (
-    randomize_metric,
+    randomize_cross_head,
     tiny_damcha_gpt2_config,
     tiny_damcha_llama_config,
     tiny_damcha_vit_config,
@@ -44,7 +44,7 @@ def load_recipe(name: str):
 
 def tiny_lm(**overrides):
     model = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(**overrides)).eval()
-    randomize_metric(model, scale=0.3)
+    randomize_cross_head(model, scale=0.3)
     return model
 
 
@@ -503,6 +503,6 @@ def test_a_damcha_checkpoint_missing_its_generator_is_refused_not_loaded_as_mha(
 
 def test_heatmap_of_a_vit_with_a_non_square_image(tmp_path):
     model = damcha_hf.DamchaViTModel(tiny_damcha_vit_config(image_size=(28, 16))).eval()
-    randomize_metric(model)
+    randomize_cross_head(model)
     result = damcha_hf.write_metric_map(model, tmp_path / "map.png")
     assert result.panels == 2 and (tmp_path / "map.png").read_bytes().startswith(b"\x89PNG")

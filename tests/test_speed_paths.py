@@ -7,7 +7,7 @@ counters showing one graph for every decoding step (no graph break, no recompila
 
 import pytest
 import torch
-from conftest import randomize_metric, tiny_damcha_gpt2_config, tiny_damcha_vit_config
+from conftest import randomize_cross_head, tiny_damcha_gpt2_config, tiny_damcha_vit_config
 from torch._dynamo.utils import counters
 from transformers import CompileConfig
 
@@ -21,7 +21,7 @@ def tokens(batch=2, seq=9, seed=0):
 def damcha_lm(attn="sdpa", **overrides):
     model = DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(**overrides)).eval()
     model.set_attn_implementation(attn)
-    randomize_metric(model)
+    randomize_cross_head(model)
     return model
 
 
@@ -42,7 +42,7 @@ def test_flex_attention_equals_sdpa_vit_sequence_and_token():
     pixels = torch.randn(2, 1, 28, 28, generator=torch.Generator().manual_seed(0))
     for context in ("sequence", "token"):
         model = DamchaViTForImageClassification(tiny_damcha_vit_config(metric_context=context)).eval()
-        randomize_metric(model)
+        randomize_cross_head(model)
         expected = model(pixel_values=pixels).logits
         model.set_attn_implementation("flex_attention")
         torch.testing.assert_close(model(pixel_values=pixels).logits, expected, rtol=1e-5, atol=1e-5)

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 from conftest import (
-    randomize_metric,
+    randomize_cross_head,
     tiny_damcha_gpt2_config,
     tiny_damcha_llama_config,
     tiny_damcha_vit_config,
@@ -135,7 +135,7 @@ def test_a_causal_model_refuses_a_sequence_metric_set_after_it_was_built(model_c
 
 def _checkpoint_without_generator(tmp_path):
     model = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config())
-    randomize_metric(model)
+    randomize_cross_head(model)
     model.save_pretrained(tmp_path)
     weights = tmp_path / "model.safetensors"
     state = {key: value for key, value in load_file(weights).items() if "cross_head_metric" not in key}

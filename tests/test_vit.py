@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import randomize_metric, tiny_damcha_vit_config, tiny_vit_config
+from attention_oracle import oracle_cross_head
+from conftest import randomize_cross_head, tiny_damcha_vit_config, tiny_vit_config
 from safetensors.torch import save_file
 from transformers import (
     ViTForImageClassification,
@@ -38,7 +39,7 @@ def damcha_vit(context="sequence", attn="eager", randomize=True, **overrides):
     model = DamchaViTForImageClassification(tiny_damcha_vit_config(metric_context=context, **overrides)).eval()
     model.set_attn_implementation(attn)
     if randomize:
-        randomize_metric(model)
+        randomize_cross_head(model)
     return model
 
 
@@ -60,7 +61,6 @@ def oracle_forward(model, pixel_values, interpolate_pos_encoding=False):
     config = model.config
     heads = config.num_attention_heads
     head_dim = config.hidden_size // heads
-    eye = torch.eye(heads, dtype=pixel_values.dtype)
     vit = model.vit
 
     def linear(x, layer):
@@ -69,21 +69,10 @@ def oracle_forward(model, pixel_values, interpolate_pos_encoding=False):
     def layer_norm(x, norm):
         return torch.nn.functional.layer_norm(x, x.shape[-1:], norm.weight, norm.bias, config.layer_norm_eps)
 
-    def cross_head_matrix(z, generator):
-        offsets = linear(torch.nn.functional.gelu(linear(z, generator.fc_in)), generator.fc_out)
-        offsets = offsets.unflatten(-1, (heads, heads))
-        return {
-            "full": eye + offsets,
-            "diagonal": eye * (eye + offsets),
-            "offdiagonal": offsets * (1 - eye),
-        }[config.metric_mask]
-
     hidden = vit.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
     batch, seq, _ = hidden.shape
     maps = []
     for index, layer in enumerate(vit.layers):
-        generators = vit.cross_head_metric.generators
-        generator = generators[index if config.metric_sharing == "layer" else 0]
         x = layer_norm(hidden, layer.layernorm_before)
         attention = layer.attention
         q, k, v = (
@@ -91,12 +80,15 @@ def oracle_forward(model, pixel_values, interpolate_pos_encoding=False):
             for projection in (attention.q_proj, attention.k_proj, attention.v_proj)
         )
         pair_scores = torch.einsum("btid,bsjd->bijts", q, k)  # every head pair: Q_i[t] . K_j[s]
-        if config.metric_context == "sequence":
-            weights = cross_head_matrix(x.mean(dim=1), generator)[:, :, :, None, None]  # C_ij(mean x)
+        sequence = config.metric_context == "sequence"
+        cross_head = oracle_cross_head(vit.cross_head_metric, x.mean(dim=1) if sequence else x, heads, heads,
+                                       config.metric_mask, index)  # fmt: skip
+        if sequence:
+            weights = cross_head[:, :, :, None, None]  # C_ij(mean x)
         elif config.metric_context == "token":
-            weights = cross_head_matrix(x, generator).permute(0, 2, 3, 1)[:, :, :, None, :]  # C_ij(x_s)
+            weights = cross_head.permute(0, 2, 3, 1)[:, :, :, None, :]  # C_ij(x_s)
         else:
-            weights = cross_head_matrix(x, generator).permute(0, 2, 3, 1)[:, :, :, :, None]  # C_ij(x_t)
+            weights = cross_head.permute(0, 2, 3, 1)[:, :, :, :, None]  # C_ij(x_t)
         scores = (weights * pair_scores).sum(dim=2) / math.sqrt(head_dim)  # (b, i, t, s)
         probs = scores.softmax(dim=-1)
         maps.append(probs)
@@ -218,7 +210,7 @@ def test_peft_modules_to_save_wrapper_is_the_metric_used():
     peft = pytest.importorskip("peft")
     model = damcha_vit("sequence", attn="sdpa", randomize=False)
     reference = copy.deepcopy(model)
-    randomize_metric(reference)
+    randomize_cross_head(reference)
     pixels = images()
     before = model(pixels).logits
     lora = peft.get_peft_model(
@@ -245,7 +237,7 @@ def test_interpolate_pos_encoding_on_a_larger_image():
     damcha = damcha_hf.convert_to_damcha(vanilla)
     expected = vanilla(larger, interpolate_pos_encoding=True).logits
     assert (damcha(larger, interpolate_pos_encoding=True).logits - expected).abs().max() < 1e-5
-    randomize_metric(damcha)
+    randomize_cross_head(damcha)
     damcha = damcha.double()
     larger = larger.double()
     got = damcha(larger, interpolate_pos_encoding=True).logits
@@ -271,7 +263,7 @@ def test_vit_image_processor_feeds_the_model():
     vanilla = vanilla_vit()
     damcha = damcha_hf.convert_to_damcha(vanilla)
     assert (damcha(pixels).logits - vanilla(pixels).logits).abs().max() < 1e-5
-    randomize_metric(damcha)
+    randomize_cross_head(damcha)
     assert damcha(pixel_values=pixels).logits.shape == (2, 3)
 
     rgb_processor = ViTImageProcessor(size={"height": 28, "width": 28})  # 3-channel defaults

@@ -117,7 +117,7 @@ def test_every_cross_head_variant_starts_as_the_mha_denoiser_with_the_same_weigh
     with torch.no_grad():
         torch.testing.assert_close(model(pixel_values, timestep).sample, mha(pixel_values, timestep).sample,
                                    rtol=0, atol=1e-6)  # fmt: skip
-        randomize_cross_head(model)  # a trained cross-head module: no longer MHA
+        randomize_cross_head(model, scale=0.3)  # a trained cross-head module: no longer MHA
         assert (model(pixel_values, timestep).sample - mha(pixel_values, timestep).sample).abs().max() > 1e-3
 
 
@@ -188,7 +188,7 @@ def test_bad_config_fields_are_refused_by_name(field, value, message):
 
 def test_save_load_round_trip_through_the_auto_class(tmp_path):
     model = denoiser(metric_context="token")
-    randomize_cross_head(model)
+    randomize_cross_head(model, scale=0.3)
     model.save_pretrained(tmp_path)
     loaded = transformers.AutoModel.from_pretrained(tmp_path, attn_implementation="eager").eval()
     assert type(loaded) is damcha_hf.DamchaViTDenoiserModel
@@ -206,7 +206,7 @@ def test_save_load_round_trip_through_the_auto_class(tmp_path):
 
 def test_checkpoint_loads_with_trust_remote_code_without_the_plugin(tmp_path):
     model = denoiser(metric_context="sequence", attn="sdpa")
-    randomize_cross_head(model)
+    randomize_cross_head(model, scale=0.3)
     model.save_pretrained(tmp_path / "denoiser")
     auto_map = json.loads((tmp_path / "denoiser" / "config.json").read_text())["auto_map"]
     assert (

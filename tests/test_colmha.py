@@ -1,16 +1,17 @@
 """Collaborative multi-head attention (`cross_head_variant="colmha"`, modeling/colmha.py).
 
-Oracles: a naive per-head, per-position-pair attention written from the paper's formula, the vanilla transformers
-models (the full-width start is exact MHA), a tensor of known CP rank, and the re-parametrisation's error recomputed
-from the converted weights. Everything in float64, so that tolerances are float64 rounding.
+Oracles: a naive per-head, per-position-pair attention written from the paper's formula, a tensor of known CP rank, a
+layer of known collaborative structure, and the re-parametrisation's error recomputed from the converted weights.
+Everything in float64, so that tolerances are float64 rounding. The family contract (exact conversion at full width,
+caches, causality, save and load in every family) is tests/test_families.py's, which reads the variant registry.
 """
 
 import math
 
 import pytest
 import torch
-from conftest import TINY_GPT2, randomize_cross_head, tiny_bart_config, tiny_gpt2_config, tiny_llama_config
-from transformers import BartForConditionalGeneration, GPT2LMHeadModel, LlamaForCausalLM, ViTForImageClassification
+from conftest import TINY_GPT2, randomize_cross_head, tiny_gpt2_config, tiny_llama_config
+from transformers import GPT2LMHeadModel
 
 import damcha_hf
 from damcha_hf.modeling.colmha import cp_decomposition, head_indicators, query_key_weights
@@ -77,37 +78,6 @@ def test_attention_layer_matches_the_naive_per_head_formula(key_dim, attn):
     torch.testing.assert_close(out, expected, **EXACT)
 
 
-@pytest.mark.parametrize(
-    "stock_class, config, inputs",
-    [
-        (GPT2LMHeadModel, lambda: tiny_gpt2_config(), lambda: {"input_ids": tokens()}),
-        (LlamaForCausalLM, lambda: tiny_llama_config(num_key_value_heads=8), lambda: {"input_ids": tokens()}),
-        (BartForConditionalGeneration, lambda: tiny_bart_config(), lambda: {"input_ids": tokens()}),
-        (
-            ViTForImageClassification,
-            lambda: __import__("transformers").ViTConfig(
-                hidden_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                intermediate_size=37,
-                image_size=8,
-                patch_size=4,
-                num_labels=3,
-            ),  # fmt: skip
-            lambda: {"pixel_values": torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0)).double()},
-        ),
-    ],
-    ids=["gpt2", "llama", "bart", "vit"],
-)
-def test_conversion_at_full_width_is_exact_multi_head_attention(stock_class, config, inputs):
-    torch.manual_seed(0)
-    stock = stock_class(config()).double().eval()
-    model = damcha_hf.convert_to_damcha(stock, cross_head_variant="colmha")
-    assert model.config._attn_implementation in ("eager", "sdpa")
-    with torch.no_grad():
-        torch.testing.assert_close(model(**inputs()).logits, stock(**inputs()).logits, **EXACT)
-
-
 def test_cp_decomposition_recovers_a_tensor_of_known_rank():
     generator = torch.Generator().manual_seed(0)
     weights, left, right = (torch.randn(shape, generator=generator, dtype=torch.float64) for shape in
@@ -167,9 +137,10 @@ def test_a_trained_layer_of_collaborative_structure_converts_exactly_at_its_rank
         torch.testing.assert_close(model(tokens()).logits, stock(tokens()).logits, rtol=1e-7, atol=1e-7)
 
 
-@pytest.mark.parametrize("key_dim", [None, 12])
-def test_generation_with_a_cache_equals_without(key_dim):
-    model = colmha_lm(colmha_key_dim=key_dim)
+def test_generation_of_a_compressed_model_with_a_cache_equals_without():
+    """The cache keeps plain keys and the compression is applied as they are read (tests/test_families.py checks the
+    full-width start in every family)."""
+    model = colmha_lm(colmha_key_dim=12)
     randomize_cross_head(model, scale=0.5)
     prompt = tokens(seq=5)
     settings = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}

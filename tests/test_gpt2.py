@@ -171,6 +171,7 @@ def test_query_context_refuses_backends_that_cannot_run_it():
     [
         ("damcha", (768 * 64 + 64) + (64 * 12 * 12 + 12 * 12)),  # one stack generator: d -> r -> H*H
         ("talking_heads", 12 * 2 * 12 * 12),  # per layer: an H x H mix before and after the softmax
+        ("colmha", 12 * 12 * 768),  # per layer: a mixing vector of all heads' width per head
     ],
 )
 def test_info_prints_the_cross_head_parameter_count_of_gpt2_small(capsys, variant, expected):
@@ -179,3 +180,7 @@ def test_info_prints_the_cross_head_parameter_count_of_gpt2_small(capsys, varian
     assert main(["info", "--cross-head-variant", variant]) == 0
     printed = capsys.readouterr().out
     assert f"cross-head params:  {expected:,} (" in printed and "124," in printed
+    # the variant's own settings, and no other variant's
+    assert ("metric_context:" in printed) == (variant == "damcha") and ("colmha_key_dim:" in printed) == (
+        variant == "colmha"
+    )

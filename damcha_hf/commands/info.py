@@ -4,7 +4,7 @@ import argparse
 import os
 
 from damcha_hf.argument_checks import HelpFormatter
-from damcha_hf.modeling.variants import CROSS_HEAD_VARIANTS, DEFAULT_VARIANT
+from damcha_hf.modeling.variants import CROSS_HEAD_VARIANTS, DEFAULT_VARIANT, VARIANTS
 
 # The presets every family declares (`DamchaFamily.presets`), listed here without importing torch for `--help`.
 PRESET_DESCRIPTIONS = {
@@ -91,12 +91,13 @@ def run(args: argparse.Namespace) -> int:
             model = saved_class(config) if saved_class is not None else AutoModel.from_config(config)
     generator, total = generator_share(model)
     rows = [("model", f"{type(model).__name__} ({args.model})")]
-    fields = ("cross_head_variant", "metric_context", "metric_mask", "metric_sharing", "metric_hidden_size",
-              "metric_form")  # fmt: skip
-    rows += [(field, getattr(config, field)) for field in fields]
-    # An encoder-decoder's own settings: the encoder's context and the cross-attention's generator.
+    # The variant and its own fields (DAMCHA's metric_*, a baseline's); an encoder-decoder's DAMCHA settings too: the
+    # encoder's context and the cross-attention's generator.
+    variant = VARIANTS[config.cross_head_variant]
+    rows += [(field, getattr(config, field)) for field in ("cross_head_variant", *variant.fields)]
     encoder_decoder = (("encoder_context", "encoder_context"), ("cross_attention", "cross_attention_metric"))
-    rows += [(label, getattr(config, field)) for label, field in encoder_decoder if hasattr(config, field)]
+    if variant.name == "damcha":
+        rows += [(label, getattr(config, field)) for label, field in encoder_decoder if hasattr(config, field)]
     rows += [
         ("parameters", f"{total:,}"),
         # What the stock transformers model of this shape has: the published count of the checkpoint it converts from.

@@ -80,8 +80,10 @@ class CollaborativeMixing(nn.Module):
 
 
 def head_indicators(num_heads: int, width: int) -> torch.Tensor:
-    """`(H, width)`: row `i` is 1 on the `width / H` coordinates of head `i` (its block), 0 elsewhere."""
-    return torch.eye(num_heads).repeat_interleave(width // num_heads, dim=1)
+    """`(H, width)`: row `i` is 1 on the coordinates of head `i` (its block of `width / H`; blocks differ by at most one
+    coordinate where `H` does not divide `width`), 0 elsewhere."""
+    owner = torch.arange(width) * num_heads // width
+    return nn.functional.one_hot(owner, num_heads).T.float()
 
 
 def init_colmha(module: nn.Module, std: float) -> None:

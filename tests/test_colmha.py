@@ -162,3 +162,13 @@ def test_bad_settings_are_refused_in_one_line():
     with pytest.raises(ValueError, match="only eager attention and SDPA"):
         config = damcha_hf.DamchaGPT2Config(**TINY_GPT2, cross_head_variant="colmha")
         damcha_hf.DamchaGPT2LMHeadModel._from_config(config, attn_implementation="flex_attention")
+
+
+def test_a_fresh_compressed_model_gives_each_shared_coordinate_to_one_head_even_when_the_heads_do_not_divide_it():
+    model = colmha_lm(colmha_key_dim=10)
+    mixing = model.transformer.h[0].attn.cross_head_mixing
+    assert mixing.mixing.shape == (HEADS, 10)
+    assert torch.equal(mixing.mixing.sum(0), torch.ones(10, dtype=torch.float64))  # each coordinate: one head
+    assert sorted(mixing.mixing.sum(1).tolist()) == [2.0, 2.0, 3.0, 3.0]  # the blocks differ by at most one
+    with torch.no_grad():
+        assert model(tokens()).logits.isfinite().all()

@@ -35,6 +35,8 @@ class CrossHeadVariant:
     parameter_kind: ClassVar[str] = (
         "cross-head"  # its added parameters, as a card and an error name them: "<kind> weights"
     )
+    # Why it keeps fewer backends than `ALL_BACKENDS`, where it does (the refusal of another backend says it).
+    backend_reason: ClassVar[str] = "needs particular attention backends"
     # Whether it runs with grouped-query attention (fewer key/value heads than query heads), and if not, why not.
     grouped_query: ClassVar[bool] = True
     multi_head_only: ClassVar[str] = ""
@@ -46,11 +48,11 @@ class CrossHeadVariant:
         return ALL_BACKENDS
 
     def backend_refusal(self, config, requested: str) -> str:
-        """Why `config` cannot run on the backend `requested`, and the fix."""
+        """Why `config` cannot run on the backend `requested` (`backend_reason`), and the fix."""
         return (
-            f"`cross_head_variant={self.name!r}` runs only with `attn_implementation` "
+            f"`cross_head_variant={self.name!r}` {self.backend_reason}, so it runs only with `attn_implementation` "
             f"{' or '.join(map(repr, self.backends(config)))}, not {requested!r}; load or build the model with one of "
-            "them, or use `cross_head_variant='damcha'` or `'none'`, which run on every backend."
+            "them (or leave it unset), or use `cross_head_variant='damcha'` or `'none'`, which run on every backend."
         )
 
     def config_refusal(self, config) -> str | None:

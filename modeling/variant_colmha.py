@@ -27,6 +27,9 @@ class CollaborativeAttention(CrossHeadVariant):
     )
     parameter_kind = "collaborative mixing"
     grouped_query = False
+    backend_reason = (
+        "scores each head against a shared key wider than its value, which only eager attention and SDPA take"
+    )
     multi_head_only = "shares one query and one key of all heads' width among the heads"
     fields = {
         "colmha_key_dim": ConfigField(
@@ -47,13 +50,6 @@ class CollaborativeAttention(CrossHeadVariant):
 
     def backends(self, config) -> tuple[str, ...]:
         return ("eager", "sdpa")  # the shared query and key are wider than the value heads
-
-    def backend_refusal(self, config, requested: str) -> str:
-        return (
-            f"`cross_head_variant='colmha'` scores each head against a shared key wider than its value, which only "
-            f"eager attention and SDPA take; got `attn_implementation={requested!r}`. Load or build the model with "
-            "`attn_implementation='sdpa'` (or leave it unset)."
-        )
 
     def config_refusal(self, config) -> str | None:
         key_dim = getattr(config, "colmha_key_dim", None)

@@ -28,11 +28,13 @@ def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedMod
             `GPT2LMHeadModel`, `GPT2ForSequenceClassification`, `LlamaModel`, `LlamaForCausalLM`,
             `LlamaForSequenceClassification`, `ViTModel`, `ViTForImageClassification`, ...
         **metric_options: DAMCHA config fields, e.g. `metric_context="query"`, `metric_hidden_size=32`, or
-            `cross_head_variant=` any name of `damcha_hf.modeling.variants.VARIANTS` for the baselines (all start as
-            MHA too).
+            `cross_head_variant=` any name of `damcha_hf.modeling.variants.VARIANTS` for the baselines.
 
     The result is on the same device and dtype, in the same train/eval mode, with the same attention implementation
-    (eager for a variant that mixes the score maps); its outputs equal the original's to float rounding.
+    (eager for a variant that mixes the score maps); its outputs equal the original's to float rounding, except where
+    a variant's design cannot start as multi-head attention: ColMHA with a compressed `colmha_key_dim` (fitted to the
+    weights; `colmha_reparametrization_error` on each layer says how well) and MoA keeping fewer than every head
+    (`moa_top_k`; a warning says so).
     """
     if type(model) not in CONVERSIONS:
         raise TypeError(f"convert_to_damcha: {unsupported_model(model)}.")

@@ -56,6 +56,17 @@ def positive_int_rule(meaning: str, suggestion: str, *, none_means: str | None =
     )
 
 
+def non_negative_float_rule(meaning: str, suggestion: str) -> FieldRule:
+    """A finite number at or above zero (an int is accepted as the float it stands for)."""
+    return FieldRule(
+        accepts=lambda value: (
+            isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < float("inf")
+        ),
+        description=f"a number at or above zero ({meaning})",
+        fix=suggestion,
+    )
+
+
 @dataclass(frozen=True)
 class ConfigField:
     """A config field an attention variant adds to every DAMCHA config: its type and default, what it accepts, its

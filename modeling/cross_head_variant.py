@@ -40,6 +40,8 @@ class CrossHeadVariant:
     # Whether it runs with grouped-query attention (fewer key/value heads than query heads), and if not, why not.
     grouped_query: ClassVar[bool] = True
     multi_head_only: ClassVar[str] = ""
+    # Whether its layers record a loss that the model reports as `aux_loss` and adds to `loss` (MoA's load balancing).
+    reports_auxiliary_loss: ClassVar[bool] = False
 
     # --- the config -------------------------------------------------------------------------------------------------
 
@@ -59,6 +61,11 @@ class CrossHeadVariant:
         """Why `config`'s fields do not fit together for this variant (one line naming the field and the fix), or None.
         Each field on its own was checked against its rule already."""
         return None
+
+    def exact_start_fields(self, config) -> dict:
+        """Values of its own fields with which a fresh or converted layer of `config` starts as exactly multi-head
+        attention, where its defaults do not ({}: they do)."""
+        return {}
 
     def head_layout_refusal(self, config, heads: int, key_value_heads: int) -> str | None:
         """Why `config` cannot run with `heads` query and `key_value_heads` key/value heads, or None."""
@@ -108,6 +115,20 @@ class CrossHeadVariant:
         (the cache stores what `attention_inputs` gave). The attention core then lays the key heads side by side for a
         query wider than the key (`metric.full_width_key`)."""
         return key
+
+    def attended_output(self, module, output, hidden_states):
+        """The attention output `(batch, seq, heads, head_dim)` the layer projects, from `output` as the attention
+        function returns it, for the query tokens `hidden_states` (MoA gates each token's heads here)."""
+        return output
+
+    # --- the model's output (`reports_auxiliary_loss`) --------------------------------------------------------------
+
+    def clear_auxiliary_loss(self, model) -> None:
+        """Forget what `model`'s layers recorded, before a forward."""
+
+    def auxiliary_loss(self, model):
+        """The auxiliary loss of the forward that just ran, from what `model`'s layers recorded (None: nothing)."""
+        return None
 
     # --- conversion -------------------------------------------------------------------------------------------------
 

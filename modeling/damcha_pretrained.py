@@ -10,10 +10,12 @@ a transformers release adds in a stock `__init__` is therefore on the DAMCHA mod
 Part of the remote-code payload: imports only transformers and its sibling files.
 """
 
+import contextvars
 import functools
 import warnings
 
 from torch import nn
+from transformers.utils import ModelOutput
 
 from .cross_head_variant import LAYER_MODULE, STACK_MODULE
 from .dispatch import attn_implementation_for, register_output_recording
@@ -98,6 +100,14 @@ class DamchaPreTrainedMixin:
     damcha_attention_class: type
     damcha_layer_stack: bool = False
     damcha_stack_container: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # Every model class reports its variant's auxiliary loss (MoA's load balancing) from its own forward, the
+        # stock one it inherits included; the family's `*PreTrainedModel` has none (its subclasses' stock bases do).
+        forward = cls.forward
+        if forward is not nn.Module.forward and not getattr(forward, "reports_auxiliary_loss", False):
+            cls.forward = forward_reporting_auxiliary_loss(forward)
 
     @classmethod
     def stack_cross_head_metric(cls, config) -> nn.Module | None:
@@ -251,3 +261,39 @@ def forward_with_cross_head_metric(stock_forward):
         return stock_forward(self, *args, cross_head_metric=self.cross_head_metric, **kwargs)
 
     return forward
+
+
+# Set while a model's forward collects its variant's auxiliary loss: the models it calls inside (a head's base model,
+# BART's encoder) leave the reporting to it.
+_AUXILIARY_LOSS_SCOPE = contextvars.ContextVar("damcha_auxiliary_loss_scope", default=False)
+
+
+def forward_reporting_auxiliary_loss(forward):
+    """A model class's `forward` (whose signature it keeps) that, for a variant whose layers record a loss
+    (`reports_auxiliary_loss`: MoA), reports it as the output's `aux_loss` and adds it to `loss` when there is one
+    (labels were given), as transformers' mixture-of-experts models do; so the Trainer, which reads `loss`, trains with
+    it. Any other variant calls `forward` as it is."""
+
+    @functools.wraps(forward)
+    def reporting_forward(self, *args, **kwargs):
+        variant = variant_of(self.config)
+        if not variant.reports_auxiliary_loss or _AUXILIARY_LOSS_SCOPE.get():
+            return forward(self, *args, **kwargs)
+        as_tuple = kwargs.get("return_dict") is False
+        if as_tuple:  # the loss is added to the named output, then laid out as the stock tuple
+            kwargs["return_dict"] = True
+        scope = _AUXILIARY_LOSS_SCOPE.set(True)
+        try:
+            variant.clear_auxiliary_loss(self)
+            output = forward(self, *args, **kwargs)
+        finally:
+            _AUXILIARY_LOSS_SCOPE.reset(scope)
+        auxiliary_loss = variant.auxiliary_loss(self)
+        if auxiliary_loss is not None and isinstance(output, ModelOutput):
+            if output.get("loss") is not None:
+                output["loss"] = output["loss"] + auxiliary_loss.to(output["loss"].dtype)
+            output["aux_loss"] = auxiliary_loss
+        return output.to_tuple() if as_tuple and isinstance(output, ModelOutput) else output
+
+    reporting_forward.reports_auxiliary_loss = True
+    return reporting_forward

@@ -85,7 +85,8 @@ def cross_head_attention(
 
     The variant's `attention_inputs` hook decides: DAMCHA mixes `(query, key)` for the configured attention function
     (`metric_form="keys"`) or names a score mixing (`"scores"`); talking-heads and DCMHA name their layer's mixing,
-    run by `score_mixing_attention`; plain attention passes the projections through.
+    run by `score_mixing_attention`; plain attention passes the projections through. Its `attended_output` hook then
+    sees the heads' outputs (MoA gates them per token).
     """
     config = module.config
     # Each config field is read once: a transformers config attribute costs microseconds per read (its
@@ -108,14 +109,16 @@ def cross_head_attention(
         attn_implementation=attn_implementation,
     )  # fmt: skip
     if mixing is not None:
-        return score_mixing_cross_head_attention(
+        output, weights = score_mixing_cross_head_attention(
             module, hidden_states, query, key, value, attention_mask, mixing=mixing, dropout=dropout, cache=cache,
             key_states=key_states, **kwargs,
         )  # fmt: skip
-    if cache is not None:
-        key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
-    key = full_width_key(query, variant.attended_key(module, key))
-    attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation, default_attention)
-    return attention_interface(
-        module, query, key, value, attention_mask, dropout=dropout, scaling=module.scaling, **kwargs
-    )
+    else:
+        if cache is not None:
+            key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
+        key = full_width_key(query, variant.attended_key(module, key))
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation, default_attention)
+        output, weights = attention_interface(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=module.scaling, **kwargs
+        )
+    return variant.attended_output(module, output, hidden_states), weights

@@ -14,11 +14,12 @@ from .variant_colmha import VARIANT as COLMHA
 from .variant_damcha import VARIANT as DAMCHA
 from .variant_dcmha import VARIANT as DCMHA
 from .variant_mha import VARIANT as MHA
+from .variant_moa import VARIANT as MOA
 from .variant_talking_heads import VARIANT as TALKING_HEADS
 
 # In the order the command line lists them; the first is the configs' default.
 VARIANTS: dict[str, CrossHeadVariant] = {
-    variant.name: variant for variant in (DAMCHA, TALKING_HEADS, DCMHA, COLMHA, MHA)
+    variant.name: variant for variant in (DAMCHA, TALKING_HEADS, DCMHA, COLMHA, MOA, MHA)
 }
 CROSS_HEAD_VARIANTS = tuple(VARIANTS)
 DEFAULT_VARIANT = CROSS_HEAD_VARIANTS[0]

@@ -14,6 +14,7 @@ from conftest import tiny_damcha_gpt2_config, write_fashion_mnist, write_gcide
 
 import damcha_hf
 from damcha_hf.cli import main as cli_main
+from damcha_hf.modeling.variants import CROSS_HEAD_VARIANTS
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
@@ -100,7 +101,7 @@ def test_help_shows_the_real_defaults(name, capsys, tmp_path, monkeypatch):
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: 0.01)" in text  # --weight-decay, whose help says nothing else
     assert "--seed SEED (default: 0)" in text  # a default of 0 is a default too
-    assert "--cross-head-variant {damcha,talking_heads,dcmha,colmha,none}" in text
+    assert f"--cross-head-variant {{{','.join(CROSS_HEAD_VARIANTS)}}}" in text
     eval_default = 2000 if name == "train_vit" else 256
     assert re.search(rf"--max-eval-samples MAX_EVAL_SAMPLES [^-]*\(default: {eval_default}\)", text), text
     assert "(default: None)" not in text

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .config_rules import ConfigField, DamchaConfigError, FieldRule, choice_rule, positive_int_rule
-from .variant_damcha import METRIC_CONTEXTS, METRIC_FORMS, METRIC_MASKS, METRIC_SHARINGS
+from .variant_damcha import METRIC_CONTEXTS, METRIC_FORMS, METRIC_INPUT_NORMS, METRIC_MASKS, METRIC_SHARINGS
 from .variants import CROSS_HEAD_VARIANTS, DEFAULT_VARIANT, VARIANTS, variant_config_fields, variant_of
 
 # The transformers releases CI runs (`.ci/run`): setup.cfg's range is exactly these minor versions, its upper bound
@@ -50,7 +50,7 @@ METRIC_OPTIONS_DOCSTRING = "\n" + "".join(field.docstring(name) for name, field 
 METRIC_FIELD_RULES: dict[str, FieldRule] = {name: field.rule for name, field in VARIANT_FIELDS.items()}
 
 __all__ = [
-    "CROSS_HEAD_VARIANTS", "METRIC_CONTEXTS", "METRIC_FORMS", "METRIC_MASKS", "METRIC_SHARINGS", "TESTED_TRANSFORMERS",
+    "CROSS_HEAD_VARIANTS", "METRIC_CONTEXTS", "METRIC_FORMS", "METRIC_INPUT_NORMS", "METRIC_MASKS", "METRIC_SHARINGS", "TESTED_TRANSFORMERS",
     "DamchaConfigError", "DamchaConfigMixin", "DamchaDecoderConfigMixin", "FieldRule", "choice_rule",
     "positive_int_rule", "one_line_config_errors",
 ]  # fmt: skip

@@ -87,19 +87,34 @@ def exact_gelu(x: torch.Tensor) -> torch.Tensor:
     return nn.functional.gelu(x)
 
 
+class MetricInputNorm(nn.LayerNorm):
+    """The generator's own LayerNorm (`metric_input_norm="layernorm"`): a class of its own so that the models' weight
+    init, which does not know it, cannot leave it anywhere but gain 1 and bias 0."""
+
+
 class MetricGenerator(nn.Module):
-    """`G`: one small MLP `d -> r -> H*H_kv` (GELU), whose output layer starts at zero.
+    """`G`: one small MLP `d -> r -> H*H_kv` (GELU), whose output layer starts at zero, reading its input `z` through
+    a LayerNorm of its own when `input_norm="layernorm"`.
 
     `num_heads` is the number of rows of `C` (the heads that receive a mix), `num_key_value_heads` its columns (the
     key heads mixed); both are `H` in multi-head attention.
     """
 
     def __init__(
-        self, hidden_size: int, num_heads: int, metric_hidden_size: int, num_key_value_heads: int | None = None
+        self,
+        hidden_size: int,
+        num_heads: int,
+        metric_hidden_size: int,
+        num_key_value_heads: int | None = None,
+        input_norm: str = "none",
     ):
         super().__init__()
         self.num_heads = num_heads
         self.num_key_value_heads = num_key_value_heads or num_heads
+        if input_norm == "layernorm":
+            self.input_norm = MetricInputNorm(hidden_size)
+        elif input_norm != "none":
+            raise ValueError(f"unknown `metric_input_norm` {input_norm!r}; choose one of 'none', 'layernorm'.")
         self.fc_in = nn.Linear(hidden_size, metric_hidden_size)
         self.act = nn.GELU()
         self.fc_out = MetricOutputLayer(metric_hidden_size, num_heads * self.num_key_value_heads)
@@ -121,6 +136,9 @@ class MetricGenerator(nn.Module):
         """
         modules = self._modules  # direct lookups: each `nn.Module.__getattr__` costs about a microsecond
         fc_in, act, fc_out = modules["fc_in"], modules["act"], modules["fc_out"]
+        input_norm = modules.get("input_norm")
+        if input_norm is not None:
+            z = input_norm(z)
         shape = (*z.shape[:-1], self.num_heads, self.num_key_value_heads)
         plain = type(fc_in) is nn.Linear and type(fc_out) is MetricOutputLayer and type(act) is nn.GELU
         if plain:
@@ -159,6 +177,7 @@ class CrossHeadMetric(nn.Module):
         num_generators: int = 1,
         num_key_value_heads: int | None = None,
         layer_generators: tuple[int, ...] | None = None,
+        input_norm: str = "none",
     ):
         super().__init__()
         self.num_heads = num_heads
@@ -168,7 +187,7 @@ class CrossHeadMetric(nn.Module):
         # cross-attention layers `L..2L-1`, which may have generators of their own.
         self.layer_generators = layer_generators
         self.generators = nn.ModuleList(
-            MetricGenerator(hidden_size, num_heads, metric_hidden_size, self.num_key_value_heads)
+            MetricGenerator(hidden_size, num_heads, metric_hidden_size, self.num_key_value_heads, input_norm)
             for _ in range(num_generators)
         )
         self._identities: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
@@ -179,12 +198,21 @@ class CrossHeadMetric(nn.Module):
         for `metric_context="query"` (see "Grouped-query attention" in this file's docstring). The `"scores"` form
         mixes the score maps of the `H` query heads: `H x H`."""
         num_generators = config.num_hidden_layers if config.metric_sharing == "layer" else 1
-        heads = config.num_attention_heads
+        heads, input_norm = config.num_attention_heads, config.metric_input_norm
         if config.metric_form == "scores":
-            return cls(config.hidden_size, heads, config.metric_hidden_size, num_generators, heads)
+            return cls(
+                config.hidden_size, heads, config.metric_hidden_size, num_generators, heads, input_norm=input_norm
+            )
         num_key_value_heads = getattr(config, "num_key_value_heads", None) or heads
         rows = heads if config.metric_context == "query" else num_key_value_heads
-        return cls(config.hidden_size, rows, config.metric_hidden_size, num_generators, num_key_value_heads)
+        return cls(
+            config.hidden_size,
+            rows,
+            config.metric_hidden_size,
+            num_generators,
+            num_key_value_heads,
+            input_norm=input_norm,
+        )
 
     def forward(self, z: torch.Tensor, layer_idx: int = 0, metric_mask: str = "full") -> torch.Tensor:
         """`z`: (..., d) -> `C`: (..., H, H_kv)."""
@@ -230,7 +258,11 @@ def head_group_identity(num_heads: int, num_key_value_heads: int) -> torch.Tenso
 
 
 def init_metric_generator(module: nn.Module) -> None:
-    """Called from a model's `_init_weights` after the default init: zero the generator's output layer."""
+    """Called from a model's `_init_weights` after the default init: zero the generator's output layer, and start its
+    own input norm as the identity map of a LayerNorm."""
+    if isinstance(module, MetricInputNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
     if isinstance(module, MetricOutputLayer):
         nn.init.zeros_(module.weight)
         nn.init.zeros_(module.bias)

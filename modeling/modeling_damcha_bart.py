@@ -143,7 +143,8 @@ class DamchaBartDecoder(DamchaBartPreTrainedModel, BartDecoder):
         heads = config.decoder_attention_heads
         generators = len(set(self_attention + cross_attention))
         return CrossHeadMetric(config.d_model, heads, config.metric_hidden_size, generators, heads,
-                               layer_generators=tuple(self_attention + cross_attention))  # fmt: skip
+                               layer_generators=tuple(self_attention + cross_attention),
+                               input_norm=config.metric_input_norm)  # fmt: skip
 
 
 class DamchaBartModel(DamchaBartPreTrainedModel, BartModel):

@@ -12,6 +12,7 @@ METRIC_CONTEXTS = ("token", "sequence", "query")
 METRIC_MASKS = ("full", "diagonal", "offdiagonal")
 METRIC_FORMS = ("keys", "scores")
 METRIC_SHARINGS = ("stack", "layer")
+METRIC_INPUT_NORMS = ("none", "layernorm")
 
 
 class Damcha(CrossHeadVariant):
@@ -57,6 +58,15 @@ class Damcha(CrossHeadVariant):
             """        `"stack"`: one generator shared by every layer (each layer feeds it its own input, so each layer still
         gets its own metric). `"layer"`: one generator per layer, for ablation.""",
             help="one generator per stack or per layer",
+        ),
+        "metric_input_norm": ConfigField(
+            str,
+            "none",
+            choice_rule(METRIC_INPUT_NORMS),
+            """        What the metric generator reads: `"none"`, the layer's own normalised attention input (as the attention
+        does), or `"layernorm"`, that input through a LayerNorm of the generator's own (gain 1 and bias 0 at the
+        start), so that the generator's input scale is its own to learn rather than set by the attention's norm.""",
+            help="the metric generator's input: none (the attention's normalised input) or layernorm (its own)",
         ),
         "metric_form": ConfigField(
             str,

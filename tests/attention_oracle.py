@@ -29,16 +29,21 @@ def gelu(x: torch.Tensor) -> torch.Tensor:
 
 
 def oracle_cross_head(metric, z, rows: int, columns: int, mask: str = "full", layer: int = 0) -> torch.Tensor:
-    """DAMCHA's cross-head matrix `C(z) = I + fc_out(gelu(fc_in(z)))` `(..., rows, columns)` for inputs `z` `(..., d)`,
-    from the weights of the generator of `layer` (the one generator of a stack that shares it), masked as
-    `metric_mask` says: "full", "diagonal" (C_ij = 0 for i != j) or "offdiagonal" (C_ii = 0).
+    """DAMCHA's cross-head matrix `C(z) = I + fc_out(gelu(fc_in(z)))` `(..., rows, columns)` for inputs `z` `(..., d)`
+    (`z` first through the generator's own LayerNorm when it has one),
+        from the weights of the generator of `layer` (the one generator of a stack that shares it), masked as
+        `metric_mask` says: "full", "diagonal" (C_ij = 0 for i != j) or "offdiagonal" (C_ii = 0).
 
-    `rows` x `columns` is H x H for multi-head attention; under grouped-query attention (H query heads sharing H_kv
-    key/value heads) it is H_kv x H_kv, or H x H_kv where each query head has a row, and the identity then maps query
-    head i to its group i // (H / H_kv).
+        `rows` x `columns` is H x H for multi-head attention; under grouped-query attention (H query heads sharing H_kv
+        key/value heads) it is H_kv x H_kv, or H x H_kv where each query head has a row, and the identity then maps query
+        head i to its group i // (H / H_kv).
     """
     generators = metric.generators
     generator = generators[layer] if len(generators) > 1 else generators[0]
+    norm = getattr(generator, "input_norm", None)  # `metric_input_norm="layernorm"`: the generator's own LayerNorm
+    if norm is not None:
+        centred = z - z.mean(-1, keepdim=True)
+        z = centred / torch.sqrt((centred * centred).mean(-1, keepdim=True) + norm.eps) * norm.weight + norm.bias
     hidden = gelu(z @ generator.fc_in.weight.T + generator.fc_in.bias)
     offsets = (hidden @ generator.fc_out.weight.T + generator.fc_out.bias).reshape(*z.shape[:-1], rows, columns)
     identity = torch.zeros(rows, columns, dtype=offsets.dtype)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from attention_oracle import oracle_cross_head
 from conftest import randomize_cross_head, tiny_damcha_gpt2_config
+from transformers import GPT2Config, GPT2LMHeadModel
 
 import damcha_hf
 from damcha_hf import (
@@ -42,10 +43,10 @@ def oracle_attention(attention, cross_head_metric, x, context, mask):
     qkv = x @ attention.c_attn.weight + attention.c_attn.bias
     q, k, v = (t.reshape(batch, seq, heads, head_dim) for t in qkv.split(hidden, dim=-1))
     cross_head = oracle_cross_head(cross_head_metric, x, heads, heads, mask)
-    out = torch.zeros(batch, seq, heads, head_dim)
+    out = torch.zeros(batch, seq, heads, head_dim, dtype=x.dtype)
     for b in range(batch):
         for i in range(heads):
-            scores = torch.full((seq, seq), float("-inf"))
+            scores = torch.full((seq, seq), float("-inf"), dtype=x.dtype)
             for t in range(seq):
                 for s in range(t + 1):  # causal
                     weights_at = t if context == "query" else s
@@ -68,6 +69,38 @@ def test_attention_layer_matches_head_pair_oracle(context, mask, attn):
         out, _ = attention(x, attention_mask=causal_mask, cross_head_metric=model.transformer.cross_head_metric)
         expected = oracle_attention(attention, model.transformer.cross_head_metric, x, context, mask)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("context", CAUSAL_CONTEXTS)
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_generator_with_its_own_input_norm_matches_the_oracle(context, attn):
+    """`metric_input_norm="layernorm"`: the oracle normalises `z` by the LayerNorm formula, with the norm's random
+    gain and bias, before the generator's MLP."""
+    model = damcha_lm(context, attn, metric_input_norm="layernorm").double()
+    attention, metric = model.transformer.h[0].attn, model.transformer.cross_head_metric
+    assert metric.generators[0].input_norm.weight.std() > 0.1  # randomised, not the identity start
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    causal_mask = torch.full((7, 7), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)[None, None]
+    with torch.no_grad():
+        out, _ = attention(x, attention_mask=causal_mask, cross_head_metric=metric)
+        expected = oracle_attention(attention, metric, x, context, "full")
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_generator_input_norm_starts_as_the_identity_and_converts_exactly(tmp_path):
+    stock = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=97, n_positions=32)).eval().double()
+    converted = damcha_hf.convert_to_damcha(stock, metric_input_norm="layernorm").eval()
+    norm = converted.transformer.cross_head_metric.generators[0].input_norm
+    assert torch.equal(norm.weight, torch.ones(32, dtype=torch.float64)) and not norm.bias.any()
+    ids = tokens()
+    with torch.no_grad():
+        torch.testing.assert_close(converted(ids).logits, stock(ids).logits, rtol=1e-12, atol=1e-12)
+    randomize_cross_head(converted)
+    converted.save_pretrained(tmp_path)
+    reloaded = DamchaGPT2LMHeadModel.from_pretrained(tmp_path, torch_dtype=torch.float64).eval()
+    assert reloaded.config.metric_input_norm == "layernorm"
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, converted(ids).logits, rtol=0, atol=0)
 
 
 # --- conversion refusals -------------------------------------------------------------------------------------

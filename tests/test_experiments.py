@@ -734,6 +734,32 @@ def test_training_loop_refuses_a_diverging_loss():
         training.TrainingLoop(Diverging(), 0.1, 10).step({}, "diverging")
 
 
+def test_training_loop_learning_rate_multipliers_scale_adams_first_step():
+    """Oracle: AdamW's first step moves each weight by the learning rate times the sign of its gradient (bias-corrected
+    moments, no decay here), so a module under a multiplier of 3 moves three times as far as the rest."""
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"body": torch.nn.Linear(4, 4), "cross_head_metric": torch.nn.Linear(4, 1)}).double()
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x):
+            return SimpleNamespace(loss=self.inner["cross_head_metric"](self.inner["body"](x)).pow(2).sum())
+
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    loop = training.TrainingLoop(Wrapped(), 0.01, 100, warmup=1, decays=lambda name, p: False, clip=1e9,
+                                 lr_multipliers={"cross_head_metric": 3.0})  # fmt: skip
+    loop.step({"x": torch.randn(8, 4, dtype=torch.float64)})
+    for name, parameter in model.named_parameters():
+        moved = (parameter.detach() - before[name]).abs()
+        expected = 0.03 if name.startswith("cross_head_metric") else 0.01
+        torch.testing.assert_close(moved, torch.full_like(moved, expected), rtol=1e-4, atol=0)  # Adam eps
+    with pytest.raises(ValueError, match=r"lr_multipliers\['cross_head_metric'\] must be positive"):
+        training.TrainingLoop(Wrapped(), 0.01, 100, lr_multipliers={"cross_head_metric": 0.0})
+
+
 def test_bootstrap_interval_of_the_median_of_three_rounds_is_exact():
     """Oracle: of the 27 equally likely resamples of three values a < b < c, 7 have median a and 7 median c, so the
     2.5% and 97.5% points of the bootstrap distribution are a and c."""

@@ -121,6 +121,7 @@ def _stock_and_damcha_rows(
     parameter_matched_mha: bool = False,
     dcmha_matched_mha: bool = False,
     scores_form: bool = False,
+    damcha_options: dict | None = None,
 ) -> list[Row]:
     """The rows of one family: `classes` = (stock config, stock model, DAMCHA config, DAMCHA model), `mlp` = (the
     config field of the MLP width, its value).
@@ -131,7 +132,8 @@ def _stock_and_damcha_rows(
     as DAMCHA with `default_context` (to the nearest MLP unit), the control for DAMCHA's generator parameters;
     `dcmha_matched_mha` adds "MHA +DCMHA params", widened to DCMHA's count, the control for its dynamic projections.
     `scores_form` adds "DAMCHA scores <context>" per context: the second reading of the metric (`metric_form="scores"`,
-    eager attention), with the same parameters and starting function as the first.
+    eager attention), with the same parameters and starting function as the first. `damcha_options` are further
+    config fields of every DAMCHA row (e.g. `metric_input_norm`).
     """
     import torch
 
@@ -145,9 +147,8 @@ def _stock_and_damcha_rows(
         def build():
             reference = mha(implementation)
             torch.manual_seed(seed + 1)
-            config = damcha_config_class(
-                **config_kwargs, metric_hidden_size=metric_hidden_size, attn_implementation=implementation, **options
-            )
+            config = damcha_config_class(**config_kwargs, metric_hidden_size=metric_hidden_size,
+                                         attn_implementation=implementation, **(damcha_options or {}), **options)  # fmt: skip
             return _paired(damcha_model_class(config), reference).train()
 
         return build

@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from damcha_hf import data_sources  # noqa: E402  (standard library only)
 from damcha_hf.argument_checks import ArgumentParser  # noqa: E402
+from damcha_hf.modeling.variant_damcha import METRIC_INPUT_NORMS  # noqa: E402  (torch-free)
 from damcha_hf.modeling.variants import VARIANTS  # noqa: E402  (torch-free)
 from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
 from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
@@ -132,6 +133,20 @@ def build_parser() -> argparse.ArgumentParser:
         help='add "DAMCHA scores <context>" rows: the second reading of the metric (metric_form="scores", eager)',
     )  # fmt: skip
     parser.add_argument("--rows", nargs="+", help='run only these rows (e.g. "MHA +params"); default: all')
+    tuning = parser.add_argument_group("tuning (for every task; --tuned sets them per task and method instead)")
+    tuning.add_argument("--metric-input-norm", choices=METRIC_INPUT_NORMS,
+                        help="the DAMCHA rows' metric_input_norm (default: none)")  # fmt: skip
+    tuning.add_argument("--metric-lr-multiplier", type=float,
+                        help="the DAMCHA rows' metric generators train at this multiple of the learning rate "
+                        "(default 1)")  # fmt: skip
+    tuning.add_argument("--vit-validation-images", type=int, default=0,
+                        help="hold out the last N Fashion-MNIST training images as a validation split (not trained "
+                        "on) and report validation_top1 on them (default 0: none)")  # fmt: skip
+    tuning.add_argument("--tuned", metavar="JSON",
+                        help="settings chosen by a tuning pass (experiments/tuning.py's chosen.json): per task, the "
+                        "learning rate of each method (MHA, DAMCHA, DCMHA; the other rows take MHA's) and DAMCHA's "
+                        "generator settings; replaces --lm-lr, --vit-lr, --metric-hidden-size, --metric-input-norm "
+                        "and --metric-lr-multiplier")  # fmt: skip
     upcycle = parser.add_argument_group("upcycling (--upcycle): pretrain MHA, then continue as MHA or converted")
     upcycle.add_argument("--upcycle", action="store_true", help="run the upcycling experiment instead of the rows")
     upcycle.add_argument("--pretrain-steps", type=int, help="MHA pretraining steps (default: half the task's steps)")
@@ -153,6 +168,18 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.tuned_settings = None
+    if args.tuned:
+        replaced = [f"--{name.replace('_', '-')}" for name in TUNED_FLAGS if getattr(args, name) is not None]
+        if replaced:
+            parser.error(f"--tuned sets {', '.join(replaced)} per task; drop {replaced[0]} or drop --tuned")
+        args.tuned_settings = read_tuned_settings(parser, args.tuned)
+    args.metric_input_norm = args.metric_input_norm or "none"
+    args.metric_lr_multiplier = 1.0 if args.metric_lr_multiplier is None else args.metric_lr_multiplier
+    if not args.metric_lr_multiplier > 0:
+        parser.error(f"--metric-lr-multiplier must be positive, got {args.metric_lr_multiplier}")
+    if args.vit_validation_images < 0:
+        parser.error(f"--vit-validation-images must be 0 or more, got {args.vit_validation_images}")
     args.preset = "tiny" if args.tiny else "quick" if args.quick else "full"
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
@@ -173,6 +200,54 @@ def parse_args(argv=None):
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         args.out_dir = os.path.join(REPOSITORY, "runs", "quality", f"{args.prefix}-{stamp}")
     return args
+
+
+# Methods that a tuning pass gives a learning rate of their own; every other row (the capacity controls and the
+# untuned baselines, all converted from or widened MHA) trains at MHA's.
+TUNED_METHODS = ("MHA", "DAMCHA", "DCMHA")
+TUNED_FLAGS = ("lm_lr", "vit_lr", "metric_hidden_size", "metric_input_norm", "metric_lr_multiplier")
+
+
+def read_tuned_settings(parser: argparse.ArgumentParser, path: str) -> dict:
+    """`{task: {"lr": {method: rate}, "metric_hidden_size": int, "metric_input_norm": str, "metric_lr_multiplier":
+    float}}` from a tuning pass's JSON, every field checked (an error names the first one wrong)."""
+    try:
+        with open(path) as file:
+            settings = json.load(file)
+    except (OSError, ValueError) as error:
+        parser.error(f"--tuned {path}: cannot read it as JSON ({error})")
+    checks = {
+        "metric_hidden_size": lambda v: isinstance(v, int) and v > 0,
+        "metric_input_norm": lambda v: v in METRIC_INPUT_NORMS,
+        "metric_lr_multiplier": lambda v: isinstance(v, (int, float)) and v > 0,
+    }
+    for task in settings if isinstance(settings, dict) else [None]:
+        entry = settings.get(task) if task in ("lm", "vit") else None
+        if not isinstance(entry, dict):
+            parser.error(f"--tuned {path}: expected an object with the tasks 'lm' and/or 'vit', found {task!r}")
+        rates = entry.get("lr")
+        if not isinstance(rates, dict) or any(
+            not isinstance(rates.get(m), (int, float)) or rates[m] <= 0 for m in TUNED_METHODS
+        ):
+            parser.error(f"--tuned {path}: {task}.lr must give a positive rate for each of {', '.join(TUNED_METHODS)}")
+        for field, valid in checks.items():
+            if not valid(entry.get(field)):
+                parser.error(f"--tuned {path}: {task}.{field} is missing or invalid ({entry.get(field)!r})")
+    return settings
+
+
+def task_settings(args, task: str) -> dict:
+    """The learning rate per method and DAMCHA's generator settings of `task`: the tuned ones, else the flags'."""
+    if args.tuned_settings and task in args.tuned_settings:
+        return args.tuned_settings[task]
+    rate = getattr(args, f"{task}_lr")
+    return {"lr": dict.fromkeys(TUNED_METHODS, rate), "metric_hidden_size": args.metric_hidden_size,
+            "metric_input_norm": args.metric_input_norm, "metric_lr_multiplier": args.metric_lr_multiplier}  # fmt: skip
+
+
+def method_of(row_name: str) -> str:
+    """The tuned method whose learning rate a row trains at."""
+    return next((m for m in TUNED_METHODS[1:] if row_name == m or row_name.startswith(f"{m} ")), "MHA")
 
 
 # ----------------------------------------------------------------------------------------------------------- data
@@ -325,6 +400,14 @@ class Task:
     ablation_metric: str  # the metric evaluated again under each ablation mask
     metric_inputs: Callable[[], dict]  # one evaluation batch, for the mean cross-head matrix of each layer
     device: object
+    settings: dict  # `task_settings`: the learning rate per method, DAMCHA's generator settings
+
+    def learning_rate(self, row_name: str) -> float:
+        return self.settings["lr"][method_of(row_name)]
+
+    def lr_multipliers(self) -> dict[str, float] | None:
+        multiplier = self.settings["metric_lr_multiplier"]
+        return None if multiplier == 1 else {"cross_head_metric": multiplier}
 
     def ablate(self, model) -> dict:
         record = {}
@@ -356,11 +439,12 @@ def baseline_rows(mha: Row, seed: int) -> list[Row]:
     return [Row(name, build(variant), "variant") for variant, name in BASELINE_VARIANTS.items()]
 
 
-def task_rows(builder, kwargs: dict, contexts: tuple, args) -> Callable[[int], list[Row]]:
+def task_rows(builder, kwargs: dict, contexts: tuple, args, settings: dict) -> Callable[[int], list[Row]]:
     def rows(seed):
-        built = builder(kwargs, contexts=contexts, metric_hidden_size=args.metric_hidden_size, seed=seed,
+        built = builder(kwargs, contexts=contexts, metric_hidden_size=settings["metric_hidden_size"], seed=seed,
                         variants=False, parameter_matched_mha=args.parameter_matched_mha,
-                        dcmha_matched_mha=args.dcmha_matched_mha, scores_form=args.scores_form)  # fmt: skip
+                        dcmha_matched_mha=args.dcmha_matched_mha, scores_form=args.scores_form,
+                        damcha_options={"metric_input_norm": settings["metric_input_norm"]})  # fmt: skip
         return built if args.no_baselines else built + baseline_rows(built[0], seed)
 
     return rows
@@ -390,9 +474,11 @@ def lm_task(args, device) -> Task:
         return {prefix + name: bits_per_byte(model, data, context, 64, device) for name, data in splits.items()
                 if only in (None, name)}  # fmt: skip
 
-    return Task("lm", "LM", args.lm_steps, args.lm_lr, ("token", "query"),
-                task_rows(gpt2_rows, kwargs, ("token", "query"), args), batches, evaluate, "test_bpb",
-                lambda: {"input_ids": validation[: 8 * context].view(8, context).to(device)}, device)  # fmt: skip
+    settings = task_settings(args, "lm")
+    return Task("lm", "LM", args.lm_steps, settings["lr"]["MHA"], ("token", "query"),
+                task_rows(gpt2_rows, kwargs, ("token", "query"), args, settings), batches, evaluate, "test_bpb",
+                lambda: {"input_ids": validation[: 8 * context].view(8, context).to(device)}, device,
+                settings)  # fmt: skip
 
 
 def vit_task(args, device) -> Task:
@@ -400,8 +486,13 @@ def vit_task(args, device) -> Task:
 
     (train_x, train_y), (test_x, test_y) = load_fashion_mnist(args.synthetic, folder=args.fashion_mnist_dir)
     test_x, test_y = test_x[: args.vit_test_images], test_y[: args.vit_test_images]
+    held_out = args.vit_validation_images
+    if held_out >= len(train_x):
+        raise ValueError(f"--vit-validation-images {held_out} leaves no training image of {len(train_x)}")
+    validation_x, validation_y = train_x[len(train_x) - held_out :], train_y[len(train_y) - held_out :]
+    train_x, train_y = train_x[: len(train_x) - held_out], train_y[: len(train_y) - held_out]
     print(f"\n== Fashion-MNIST{' (synthetic)' if args.synthetic else ''}: train {len(train_x)} images, "
-          f"test {len(test_x)} ==", flush=True)  # fmt: skip
+          f"{f'validation {held_out}, ' if held_out else ''}test {len(test_x)} ==", flush=True)  # fmt: skip
     kwargs = vit_config_kwargs(28, 4, 1, args.vit_layers, args.vit_width, args.vit_heads, labels=10)
 
     def batches(generator_seed, steps):
@@ -410,11 +501,16 @@ def vit_task(args, device) -> Task:
         return lambda step: {"pixel_values": train_x[picks[step]].to(device), "labels": train_y[picks[step]].to(device)}
 
     def evaluate(model, prefix="", only=None):
-        return {prefix + "test_top1": top1(model, test_x, test_y, 500, device)}
+        splits = {"test_top1": (test_x, test_y)}
+        if held_out:
+            splits["validation_top1"] = (validation_x, validation_y)
+        return {prefix + name: top1(model, images, labels, 500, device) for name, (images, labels) in splits.items()
+                if only in (None, name)}  # fmt: skip
 
-    return Task("vit", "ViT", args.vit_steps, args.vit_lr, ("sequence", "token"),
-                task_rows(vit_rows, kwargs, ("sequence", "token"), args), batches, evaluate, "test_top1",
-                lambda: {"pixel_values": test_x[:64].to(device)}, device)  # fmt: skip
+    settings = task_settings(args, "vit")
+    return Task("vit", "ViT", args.vit_steps, settings["lr"]["MHA"], ("sequence", "token"),
+                task_rows(vit_rows, kwargs, ("sequence", "token"), args, settings), batches, evaluate, "test_top1",
+                lambda: {"pixel_values": test_x[:64].to(device)}, device, settings)  # fmt: skip
 
 
 def run_task(task: Task, args, on_record: Callable[[dict], None] = lambda results: None) -> dict:
@@ -427,10 +523,10 @@ def run_task(task: Task, args, on_record: Callable[[dict], None] = lambda result
             next_batch = task.batches(BATCH_SEED_OFFSET[task.name] + seed, task.steps)  # same batches for every row
             model = row.build().to(task.device)
             started = time.time()
-            curve = train(
-                model, next_batch, task.steps, task.lr, args.log_every, f"{task.title} {row.name} seed {seed}"
-            )
-            record = {"seed": seed, "parameters": count_parameters(model), "curve": curve,
+            lr = task.learning_rate(row.name)
+            curve = train(model, next_batch, task.steps, lr, args.log_every, f"{task.title} {row.name} seed {seed}",
+                          lr_multipliers=task.lr_multipliers() if row.kind == "damcha" else None)  # fmt: skip
+            record = {"seed": seed, "lr": lr, "parameters": count_parameters(model), "curve": curve,
                       "step_seconds": (time.time() - started) / task.steps, **task.evaluate(model)}  # fmt: skip
             if row.kind == "damcha":
                 record.update(task.ablate(model))
@@ -516,10 +612,11 @@ def run_upcycle(task: Task, args, on_record: Callable[[dict], None] = lambda res
 
 TASK_METRICS = {
     "lm": ["validation_bpb", "test_bpb"] + [f"{m}_test_bpb" for m in ABLATION_MASKS],
-    "vit": ["test_top1"] + [f"{m}_test_top1" for m in ABLATION_MASKS],
+    "vit": ["validation_top1", "test_top1"] + [f"{m}_test_top1" for m in ABLATION_MASKS],
 }
 METRIC_FORMAT = {  # metric -> (label, scale, digits)
     "validation_bpb": ("val bpb", 1.0, 3), "test_bpb": ("test bpb", 1.0, 3), "test_top1": ("test top-1 points", 100.0, 2),
+    "validation_top1": ("val top-1 points", 100.0, 2),
 }  # fmt: skip
 # Capacity controls: vanilla MHA widened to a method's parameter count, and the rows each one is the control for.
 CAPACITY_CONTROLS = {"MHA +params": "DAMCHA ", "MHA +DCMHA params": "DCMHA"}
@@ -828,7 +925,7 @@ def read_reports(paths: list[str]) -> list[dict]:
 # Arguments that do not change what a run measures: runs that differ only in these may be merged or compared.
 RUN_SETTINGS_IGNORED = {
     "seeds", "tasks", "prefix", "out_dir", "threads", "merge", "replot", "no_plots", "device", "rows",
-    "parameter_matched_mha", "dcmha_matched_mha", "scores_form", "overwrite", "no_baselines", "lengths",
+    "parameter_matched_mha", "dcmha_matched_mha", "scores_form", "overwrite", "no_baselines", "lengths", "tuned",
 }  # fmt: skip
 
 

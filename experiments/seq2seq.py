@@ -32,6 +32,8 @@ ROWS = {
     "DAMCHA query": ["--metric-context", "query"],
     "talking-heads": ["--cross-head-variant", "talking_heads"],
     "DCMHA": ["--cross-head-variant", "dcmha"],
+    "ColMHA": ["--cross-head-variant", "colmha"],
+    "MoA": ["--cross-head-variant", "moa"],
 }
 MEASURES = {"eval_loss": "loss (nats/token)", "eval_bleu": "BLEU", "eval_chrf": "chrF", "eval_rougeL": "ROUGE-L"}
 DEFAULT_SETTINGS = ["--max-steps", "1000", "--batch-size", "32", "--d-model", "128", "--layers", "2", "--heads", "4",

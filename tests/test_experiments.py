@@ -890,3 +890,34 @@ def test_scores_form_rows_start_from_the_mha_rows_function():
             model = rows[name].build().eval()
             assert model.config.metric_form == "scores" and model.config._attn_implementation == "eager"
             torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=1e-5)
+
+
+def test_tuning_pass_chooses_on_validation_and_quality_trains_each_method_at_its_rate(tmp_path, capsys):
+    """Oracle: the chosen rate of each method is the argmin of the validation bits per byte its three runs stored, and
+    a `--tuned` run trains each row at its method's chosen rate (the untuned rows at MHA's)."""
+    from experiments import tuning
+
+    out = str(tmp_path / "tuning")
+    tuning.main(["--task", "lm", "--tiny", "--synthetic", "--out-dir", out])
+    chosen = tuning.main(["--choose", "--tiny", "--out-dir", out])["lm"]
+    rates = [0.003 * factor for factor in (1.0, 0.5, 2.0)]
+    reports = {rate: json.loads((tmp_path / "tuning" / f"lm_lr_{rate:g}.json").read_text()) for rate in rates}
+    for method, row in (("MHA", "MHA"), ("DAMCHA", "DAMCHA token"), ("DCMHA", "DCMHA")):
+        values = {rate: reports[rate]["results"]["lm"][row][0]["validation_bpb"] for rate in rates}
+        assert chosen["lr"][method] == min(values, key=values.get)
+    tuned = tmp_path / "tuning" / "chosen.json"
+    report = quality.main(["--tiny", "--synthetic", "--tasks", "lm", "--seeds", "0", "--threads", "1", "--no-plots",
+                           "--tuned", str(tuned), "--out-dir", str(tmp_path / "compare")])  # fmt: skip
+    for row, records in report["results"]["lm"].items():
+        assert records[0]["lr"] == chosen["lr"][quality.method_of(row)]
+    assert quality.method_of("DAMCHA query") == "DAMCHA" and quality.method_of("MoA") == "MHA"
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--tiny", "--synthetic", "--tuned", str(tuned), "--lm-lr", "0.01"])
+    assert "--tuned sets --lm-lr per task" in capsys.readouterr().err
+
+
+def test_vit_validation_images_are_held_out_of_training(tmp_path):
+    report = quality.main(["--tiny", "--synthetic", "--tasks", "vit", "--seeds", "0", "--threads", "1", "--no-plots",
+                           "--rows", "MHA", "--vit-validation-images", "100", "--out-dir", str(tmp_path)])  # fmt: skip
+    (record,) = report["results"]["vit"]["MHA"]
+    assert 0 <= record["validation_top1"] <= 1 and "test_top1" in record

@@ -123,7 +123,7 @@ def choose(args) -> dict:
     """chosen.json and tuning.md from the finished runs of every task tuned in `out_dir`."""
     chosen, lines = {}, []
     hidden = preset(args)["metric_hidden_size"]
-    for task, (_, damcha_row, metric, larger_is_better) in TASKS.items():
+    for task, (_, damcha_row, _, larger_is_better) in TASKS.items():
         factors = {rate_of(args, task, f): f for f in LR_FACTORS}
         paths = {rate: os.path.join(args.out_dir, lr_prefix(task, rate) + ".json") for rate in factors}
         if not all(os.path.exists(path) for path in paths.values()):

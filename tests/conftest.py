@@ -59,6 +59,17 @@ TINY_GPT2 = dict(
 )
 
 
+def tiny_token_ids(batch=2, seq=9, seed=0) -> torch.Tensor:
+    """Token ids in 3..96 of the tiny GPT-2's vocabulary, the same for the same seed."""
+    return torch.randint(3, 97, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def float64_variant_lm(variant: str, **overrides) -> "damcha_hf.DamchaGPT2LMHeadModel":
+    """A tiny DAMCHA GPT-2 of `cross_head_variant=variant` in float64 and eval mode, for the variants' oracle tests."""
+    config = damcha_hf.DamchaGPT2Config(**{**TINY_GPT2, "cross_head_variant": variant, **overrides})
+    return damcha_hf.DamchaGPT2LMHeadModel(config).double().eval()
+
+
 def tiny_gpt2_config(**overrides) -> GPT2Config:
     return GPT2Config(**{**TINY_GPT2, **overrides})
 

@@ -10,7 +10,14 @@ import math
 
 import pytest
 import torch
-from conftest import TINY_GPT2, randomize_cross_head, tiny_gpt2_config, tiny_llama_config
+from conftest import (
+    TINY_GPT2,
+    float64_variant_lm,
+    randomize_cross_head,
+    tiny_gpt2_config,
+    tiny_llama_config,
+    tiny_token_ids,
+)
 from transformers import GPT2LMHeadModel
 
 import damcha_hf
@@ -21,13 +28,11 @@ HIDDEN, HEADS, HEAD_DIM = 32, 4, 8
 EXACT = {"rtol": 1e-10, "atol": 1e-10}
 
 
-def tokens(batch=2, seq=9, seed=0):
-    return torch.randint(3, 97, (batch, seq), generator=torch.Generator().manual_seed(seed))
+tokens = tiny_token_ids
 
 
 def colmha_lm(**overrides) -> damcha_hf.DamchaGPT2LMHeadModel:
-    config = damcha_hf.DamchaGPT2Config(**{**TINY_GPT2, "cross_head_variant": "colmha", **overrides})
-    return damcha_hf.DamchaGPT2LMHeadModel(config).double().eval()
+    return float64_variant_lm("colmha", **overrides)
 
 
 def naive_colmha(attention, x: torch.Tensor) -> torch.Tensor:

@@ -355,19 +355,56 @@ CONFIDENCE = 0.95
 
 def paired_statistics(differences: list[float], confidence: float = CONFIDENCE) -> dict:
     """Mean of per-seed paired differences, its standard error (sample std / sqrt(n)), the two-sided Student-t
-    interval with n - 1 degrees of freedom, and how many seeds share the mean's sign."""
+    interval with n - 1 degrees of freedom, the two-sided p-value of the paired t-test of a zero mean, and how many
+    seeds share the mean's sign."""
     n = len(differences)
     mean = statistics.fmean(differences)
     std = statistics.stdev(differences) if n > 1 else 0.0
     stats = {"n": n, "mean": mean, "std": std, "per_seed": list(differences),
              "agree_in_sign": sum(1 for d in differences if d * mean > 0)}  # fmt: skip
     if n < 2:
-        return {**stats, "se": None, "t_critical": None, "low": None, "high": None}
+        return {**stats, "se": None, "t_critical": None, "low": None, "high": None, "p_value": None}
     from scipy.stats import t
 
     se = std / n**0.5
     t_critical = float(t.ppf(0.5 + confidence / 2, n - 1))
-    return {**stats, "se": se, "t_critical": t_critical, "low": mean - t_critical * se, "high": mean + t_critical * se}
+    # every seed giving the same difference (se 0) is certain evidence if it is not zero, and none if it is
+    p_value = float(2 * t.sf(abs(mean) / se, n - 1)) if se > 0 else float(mean == 0)
+    return {**stats, "se": se, "t_critical": t_critical, "low": mean - t_critical * se, "high": mean + t_critical * se,
+            "p_value": p_value}  # fmt: skip
+
+
+def holm_adjusted(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values, in their given order: the i-th smallest is multiplied by
+    (m - i + 1), made non-decreasing along that order and capped at 1. A comparison whose adjusted p-value is below
+    alpha is significant with the family-wise error rate held at alpha, whatever the dependence between them."""
+    m = len(p_values)
+    adjusted, running = [0.0] * m, 0.0
+    for rank, index in enumerate(sorted(range(m), key=lambda i: p_values[i])):
+        running = max(running, min(1.0, (m - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def multiple_comparisons(comparisons: list[dict], alpha: float = 1 - CONFIDENCE) -> dict:
+    """Treats `comparisons` (paired_statistics results) as one family: adds each one's Holm-adjusted p-value
+    (`p_holm`) and returns the family's count, how many intervals exclude zero, how many would by chance alone if no
+    difference were real (alpha x count), and how many stay significant after Holm's correction."""
+    tested = [c for c in comparisons if c.get("p_value") is not None]
+    for comparison, adjusted in zip(tested, holm_adjusted([c["p_value"] for c in tested])):
+        comparison["p_holm"] = adjusted
+    return {"comparisons": len(tested), "alpha": alpha,
+            "intervals_excluding_zero": sum(1 for c in tested if c["low"] > 0 or c["high"] < 0),
+            "expected_by_chance": alpha * len(tested),
+            "significant_after_holm": sum(1 for c in tested if c["p_holm"] < alpha)}  # fmt: skip
+
+
+def multiple_comparisons_sentence(family: dict) -> str:
+    """One sentence a table can end with: the family's size and what survives Holm's correction."""
+    return (f"{family['comparisons']} comparisons: {family['intervals_excluding_zero']} intervals exclude zero "
+            f"(about {family['expected_by_chance']:.1f} would by chance alone); "
+            f"{family['significant_after_holm']} stay significant after Holm's correction for the "
+            f"{family['comparisons']} at {family['alpha']:.0%} family-wise.")  # fmt: skip
 
 
 def bootstrap_median_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:

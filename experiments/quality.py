@@ -57,6 +57,8 @@ from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     format_tables,
     gpt2_config_kwargs,
     gpt2_rows,
+    multiple_comparisons,
+    multiple_comparisons_sentence,
     paired_statistics,
     save_figure_atomic,
     set_up_device,
@@ -759,8 +761,13 @@ def analyse(results: dict, smoke_tests=()) -> dict:
     `smoke_tests`) and the training gaps."""
     comparisons = {task: compare(rows, [m for m in TASK_METRICS[task] if not m.startswith(ABLATION_MASKS)])
                    for task, rows in results.items()}  # fmt: skip
+    # one family per task and metric: the comparisons a reader scans together in one column
+    families = {task: {metric: multiple_comparisons([c for c in items if c["metric"] == metric])
+                       for metric in dict.fromkeys(c["metric"] for c in items)}
+                for task, items in comparisons.items()}  # fmt: skip
     return {"summary": {task: summarise(rows, TASK_METRICS[task]) for task, rows in results.items()},
-            "comparisons": comparisons, "paper_verdicts": paper_verdicts(comparisons, smoke_tests),
+            "comparisons": comparisons, "multiple_comparisons": families,
+            "paper_verdicts": paper_verdicts(comparisons, smoke_tests),
             "training_gaps": {task: gap_over_training(rows, math.log(2) if task == "lm" else 1.0)
                               for task, rows in results.items()}}  # fmt: skip
 
@@ -809,15 +816,22 @@ def tables(report: dict) -> str:
         )
     comparisons = [[task, f"{c['row']} − {c['reference']}", METRIC_FORMAT[c["metric"]][0],
                     fmt_paired(c, *METRIC_FORMAT[c["metric"]][1:]),
+                    "-" if c.get("p_holm") is None else f"{c['p_holm']:.3f}",
                     "-" if c["step_time_ratio"] is None else f"{c['step_time_ratio']:.2f}x"]
                    for task, items in report.get("comparisons", {}).items() for c in items]  # fmt: skip
     if comparisons:
+        families = [f"{task}, {METRIC_FORMAT[metric][0]}: {multiple_comparisons_sentence(family)}"
+                    for task, by_metric in report.get("multiple_comparisons", {}).items()
+                    for metric, family in by_metric.items()]  # fmt: skip
         out.append(
             wrapped(f"### Paired differences (mean ± standard error over seeds [two-sided {100 * CONFIDENCE:.0f}% "
-                    "Student-t interval, n-1 df] (seeds agreeing in sign / seeds); step time: row's seconds per step "
+                    "Student-t interval, n-1 df] (seeds agreeing in sign / seeds); Holm p: the paired t-test's "
+                    "p-value adjusted for every comparison of its task and metric; step time: row's seconds per step "
                     "over the reference's, same seed)")
             + "\n\n"
-            + format_tables(["task", "difference", "metric", "paired difference", "step time"], comparisons, keys=2)
+            + format_tables(["task", "difference", "metric", "paired difference", "Holm p", "step time"], comparisons,
+                            keys=2)
+            + "".join("\n\n" + wrapped(sentence) for sentence in families)
         )  # fmt: skip
     gaps = {}
     for task, items in report.get("training_gaps", {}).items():

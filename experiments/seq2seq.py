@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Sequence-to-sequence comparison: BART with MHA, DAMCHA, talking-heads and DCMHA on the `train_bart.py` task.
+"""Sequence-to-sequence comparison: BART with MHA, DAMCHA and the baseline variants on the `train_bart.py` task.
 
     python experiments/seq2seq.py --out-dir runs/seq2seq --seeds 0 1 2            # train every row and seed
     python experiments/seq2seq.py --out-dir runs/seq2seq --seeds 0 --rows MHA     # one row
@@ -10,7 +10,9 @@ seed gives every row the same tokenizer, the same training pairs in the same ord
 rows differ in attention only (their starting weights are drawn from the same seed but not equal, since DAMCHA's and
 DCMHA's extra modules take their draws in between). `--summarize` reads each run's `eval_results.json` and gives, per
 row, the mean ± standard deviation over seeds of the validation loss (nats per target token), BLEU, chrF and ROUGE-L,
-and the paired difference to MHA by seed: mean ± standard error, two-sided Student-t interval, seeds agreeing in sign.
+and the paired differences by seed (every row - MHA, every DAMCHA row - every baseline): mean ± standard error,
+two-sided Student-t interval, seeds agreeing in sign, and the paired t-test's p-value adjusted by Holm's method for
+the comparisons of its measure.
 """
 
 import argparse
@@ -23,7 +25,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
-from experiments.common import format_table, paired_statistics  # noqa: E402
+from experiments.common import (  # noqa: E402
+    format_table,
+    multiple_comparisons,
+    multiple_comparisons_sentence,
+    paired_statistics,
+    wrapped,
+)
 
 RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes", "train_bart.py")
 ROWS = {
@@ -57,7 +65,18 @@ def train(args) -> None:
             subprocess.run(command, check=True)
 
 
-def summarize(folder: str, prefix: str) -> dict:
+DAMCHA_ROWS = [row for row in ROWS if row.startswith("DAMCHA")]
+BASELINE_ROWS = [row for row in ROWS if row != "MHA" and row not in DAMCHA_ROWS]
+
+
+def comparison_pairs(rows: list[str]) -> list[tuple[str, str]]:
+    """Every row against MHA, and every DAMCHA row against every baseline (DAMCHA - baseline)."""
+    pairs = [(row, "MHA") for row in rows if row != "MHA"]
+    return pairs + [(d, b) for d in DAMCHA_ROWS if d in rows for b in BASELINE_ROWS if b in rows]
+
+
+def read_runs(folder: str) -> dict[str, dict[int, dict]]:
+    """Each (row, seed) run's `eval_results.json` in FOLDER, by row and seed."""
     results: dict[str, dict[int, dict]] = {}
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name, "eval_results.json")
@@ -66,13 +85,17 @@ def summarize(folder: str, prefix: str) -> dict:
         if os.path.isfile(path) and row in ROWS and seed.isdigit():
             with open(path, encoding="utf-8") as handle:
                 results.setdefault(row, {})[int(seed)] = json.load(handle)
+    return results
+
+
+def summarize(folder: str, prefix: str) -> dict:
+    results = read_runs(folder)
     if "MHA" not in results:
         raise SystemExit(f"--summarize {folder}: no MHA runs (folders MHA-s<seed>) to compare against")
-    summary = {"folder": folder, "rows": {}, "differences": {}}
-    table, differences = [], []
-    for row in ROWS:
-        if row not in results:
-            continue
+    rows = [row for row in ROWS if row in results]
+    summary = {"folder": folder, "rows": {}, "differences": {}, "multiple_comparisons": {}}
+    table = []
+    for row in rows:
         seeds = sorted(results[row])
         cells = [row, ",".join(map(str, seeds))]
         summary["rows"][row] = {}
@@ -82,22 +105,32 @@ def summarize(folder: str, prefix: str) -> dict:
             summary["rows"][row][key] = {"per_seed": values, "mean": statistics.fmean(values), "std": spread}
             cells.append(f"{statistics.fmean(values):.3f} ± {spread:.3f}")
         table.append(cells)
-        if row == "MHA":
-            continue
-        paired = sorted(set(seeds) & set(results["MHA"]))
-        summary["differences"][row] = {}
-        diff_cells = [f"{row} − MHA", ",".join(map(str, paired))]
-        for key in MEASURES:
-            stats = paired_statistics([results[row][s][key] - results["MHA"][s][key] for s in paired])
-            summary["differences"][row][key] = stats
+    paired_seeds = {}
+    for row, reference in comparison_pairs(rows):
+        paired = paired_seeds[f"{row} − {reference}"] = sorted(set(results[row]) & set(results[reference]))
+        summary["differences"][f"{row} − {reference}"] = {
+            key: paired_statistics([results[row][s][key] - results[reference][s][key] for s in paired])
+            for key in MEASURES
+        }
+    sentences = []
+    for key, label in MEASURES.items():  # one family per measure: the comparisons of one column
+        family = multiple_comparisons([by_key[key] for by_key in summary["differences"].values()])
+        summary["multiple_comparisons"][key] = family
+        sentences.append(f"{label}: {multiple_comparisons_sentence(family)}")
+    differences = []
+    for name, by_key in summary["differences"].items():
+        cells = [name, ",".join(map(str, paired_seeds[name]))]
+        for stats in by_key.values():
             interval = "" if stats["low"] is None else f" [{stats['low']:+.3f}, {stats['high']:+.3f}]"
             se = "" if stats["se"] is None else f" ± {stats['se']:.3f}"
-            diff_cells.append(f"{stats['mean']:+.3f}{se}{interval} ({stats['agree_in_sign']}/{stats['n']})")
-        differences.append(diff_cells)
-    headers = ["row", "seeds", *MEASURES.values()]
-    print(format_table(headers, table))
+            holm = "" if stats.get("p_holm") is None else f" p_Holm {stats['p_holm']:.2f}"
+            cells.append(f"{stats['mean']:+.3f}{se}{interval} ({stats['agree_in_sign']}/{stats['n']}){holm}")
+        differences.append(cells)
+    print(format_table(["row", "seeds", *MEASURES.values()], table))
     print()
     print(format_table(["difference", "seeds", *MEASURES.values()], differences))
+    print()
+    print("\n".join(wrapped(sentence) for sentence in sentences))
     write_json(os.path.join(folder, f"{prefix}.json"), summary)
     return summary
 

@@ -208,6 +208,11 @@ def test_quality_tiny_writes_results_and_figures(tmp_path, capsys):
     judged = quality.analyse(report["results"])["paper_verdicts"]
     assert [v["claim"] for v in judged] == [v["claim"] for v in report["paper_verdicts"]]
     assert all(v["verdict"] in ("confirmed", "not shown", "contradicted") for v in judged)
+    for metric, family in report["multiple_comparisons"]["lm"].items():  # one Holm family per task and metric
+        members = [c for c in report["comparisons"]["lm"] if c["metric"] == metric]
+        assert family["comparisons"] == len(members)
+        assert [c["p_holm"] for c in members] == pytest.approx(common.holm_adjusted([c["p_value"] for c in members]))
+    assert "Holm's correction" in printed
     assert "Against the paper" in printed and "Paired differences" in printed
     assert max(map(len, printed.splitlines())) <= common.TEXT_WIDTH
     for name, entry in lm.items():
@@ -558,6 +563,31 @@ def test_paired_statistics_and_verdicts():
     assert quality.verdict(clear, -1) == "confirmed" and quality.verdict(clear, +1) == "contradicted"
     one = common.paired_statistics([-0.5])
     assert one["se"] is None and quality.verdict(one, -1) == "not shown"
+
+
+def test_paired_p_value_is_the_one_sample_t_test_and_holm_adjusts_by_rank():
+    from scipy.stats import ttest_1samp
+
+    differences = [-0.01, -0.03, -0.02, 0.01]
+    assert common.paired_statistics(differences)["p_value"] == pytest.approx(ttest_1samp(differences, 0.0).pvalue)
+    assert common.paired_statistics([0.2, 0.2, 0.2])["p_value"] == 0.0
+    assert common.paired_statistics([0.0, 0.0, 0.0])["p_value"] == 1.0
+    # Holm by hand: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 -> 0.02, 0.03, 0.06, 0.04 -> running max
+    assert common.holm_adjusted([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert common.holm_adjusted([0.5, 0.6]) == [1.0, 1.0]
+    assert common.holm_adjusted([]) == []
+    family = [
+        common.paired_statistics(d) for d in ([-0.03, -0.035, -0.025, -0.03], differences, [0.001, -0.002, 0.0, 0.004])
+    ]
+    counts = common.multiple_comparisons(family)
+    assert counts["comparisons"] == 3 and counts["intervals_excluding_zero"] == 1
+    assert counts["expected_by_chance"] == pytest.approx(0.15)
+    ranked = sorted(family, key=lambda c: c["p_value"])
+    assert [c["p_holm"] for c in ranked] == pytest.approx(
+        [3 * ranked[0]["p_value"], max(3 * ranked[0]["p_value"], 2 * ranked[1]["p_value"]),
+         min(1.0, max(2 * ranked[1]["p_value"], ranked[2]["p_value"]))])  # fmt: skip
+    assert counts["significant_after_holm"] == sum(c["p_holm"] < 0.05 for c in family)
+    assert "3 comparisons: 1 intervals exclude zero" in common.multiple_comparisons_sentence(counts)
 
 
 def test_baseline_rows_start_as_the_seeds_mha():
@@ -921,3 +951,33 @@ def test_vit_validation_images_are_held_out_of_training(tmp_path):
                            "--rows", "MHA", "--vit-validation-images", "100", "--out-dir", str(tmp_path)])  # fmt: skip
     (record,) = report["results"]["vit"]["MHA"]
     assert 0 <= record["validation_top1"] <= 1 and "test_top1" in record
+
+
+def test_seq2seq_summary_pairs_rows_by_seed_and_corrects_for_the_family(tmp_path, capsys):
+    from scipy.stats import ttest_rel
+
+    from experiments import seq2seq
+
+    losses = {"MHA": [4.0, 4.2, 4.4], "DAMCHA token": [3.9, 4.15, 4.3], "DCMHA": [3.95, 4.2, 4.35],
+              "MoA": [4.1, 4.25, 4.5]}  # fmt: skip
+    for row, per_seed in losses.items():
+        for seed, loss in enumerate(per_seed):
+            folder = tmp_path / seq2seq.folder_name(row, seed)
+            folder.mkdir()
+            scores = {"eval_loss": loss, "eval_bleu": 1.0 + loss, "eval_chrf": 10.0 - loss, "eval_rougeL": 0.1}
+            (folder / "eval_results.json").write_text(json.dumps(scores))
+    summary = seq2seq.summarize(str(tmp_path), "summary")
+    assert list(summary["differences"]) == ["DAMCHA token − MHA", "DCMHA − MHA", "MoA − MHA",
+                                            "DAMCHA token − DCMHA", "DAMCHA token − MoA"]  # fmt: skip
+    for name, by_key in summary["differences"].items():
+        row, reference = name.split(" − ")
+        loss = by_key["eval_loss"]
+        assert loss["mean"] == pytest.approx(sum(losses[row]) / 3 - sum(losses[reference]) / 3)
+        assert loss["p_value"] == pytest.approx(ttest_rel(losses[row], losses[reference]).pvalue)
+    family = summary["multiple_comparisons"]["eval_loss"]
+    p_values = [by_key["eval_loss"]["p_value"] for by_key in summary["differences"].values()]
+    assert family["comparisons"] == 5
+    adjusted = common.holm_adjusted(p_values)
+    assert [by_key["eval_loss"]["p_holm"] for by_key in summary["differences"].values()] == pytest.approx(adjusted)
+    assert json.loads((tmp_path / "summary.json").read_text())["multiple_comparisons"]["eval_loss"] == family
+    assert "Holm's correction" in capsys.readouterr().out

@@ -401,10 +401,10 @@ def multiple_comparisons(comparisons: list[dict], alpha: float = 1 - CONFIDENCE)
 
 def multiple_comparisons_sentence(family: dict) -> str:
     """One sentence a table can end with: the family's size and what survives Holm's correction."""
-    return (f"{family['comparisons']} comparisons: {family['intervals_excluding_zero']} intervals exclude zero "
-            f"(about {family['expected_by_chance']:.1f} would by chance alone); "
-            f"{family['significant_after_holm']} stay significant after Holm's correction for the "
-            f"{family['comparisons']} at {family['alpha']:.0%} family-wise.")  # fmt: skip
+    return (f"{family['comparisons']} comparisons; intervals excluding zero: {family['intervals_excluding_zero']} "
+            f"(about {family['expected_by_chance']:.1f} by chance alone if no difference were real); Holm's correction "
+            f"for the {family['comparisons']} at {family['alpha']:.0%} family-wise keeps "
+            f"{family['significant_after_holm']} of them.")  # fmt: skip
 
 
 def bootstrap_median_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:

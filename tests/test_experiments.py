@@ -587,7 +587,7 @@ def test_paired_p_value_is_the_one_sample_t_test_and_holm_adjusts_by_rank():
         [3 * ranked[0]["p_value"], max(3 * ranked[0]["p_value"], 2 * ranked[1]["p_value"]),
          min(1.0, max(2 * ranked[1]["p_value"], ranked[2]["p_value"]))])  # fmt: skip
     assert counts["significant_after_holm"] == sum(c["p_holm"] < 0.05 for c in family)
-    assert "3 comparisons: 1 intervals exclude zero" in common.multiple_comparisons_sentence(counts)
+    assert "3 comparisons; intervals excluding zero: 1" in common.multiple_comparisons_sentence(counts)
 
 
 def test_baseline_rows_start_as_the_seeds_mha():

@@ -3,7 +3,8 @@
 Two stages per task, each run one `experiments/quality.py` run of one seed (kept out of the comparison's seeds):
 
 1. Learning rate: the task's preset rate times 0.5, 1 and 2 for MHA, DAMCHA and DCMHA (one run per rate, the three
-   rows side by side on the same batches).
+   rows side by side on the same batches). Where a method's best rate is the grid's lowest or highest, the grid
+   grows past that edge by a factor of 2, up to twice per side (times 1/8 to 8), until every method's best lies inside.
 2. DAMCHA's generator, at DAMCHA's best rate of stage 1, one setting changed at a time from the default: hidden size
    half and twice, a learning-rate multiplier of 3 and 10 for the generator, and its own input LayerNorm.
 
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,6 +39,7 @@ TASKS = {
             "DAMCHA sequence", "validation_top1", True),
 }  # fmt: skip
 LR_FACTORS = (1.0, 0.5, 2.0)  # the preset first: a tie keeps it
+LR_EXTENSIONS = 2  # how many more halvings (doublings) the grid may take past its lowest (highest) factor
 # DAMCHA's generator: (name, quality.py arguments given the preset's hidden size h)
 GENERATOR_SETTINGS = {
     "hidden_half": lambda h: ["--metric-hidden-size", str(h // 2)],
@@ -76,16 +79,34 @@ def rate_of(args, task: str, factor: float) -> float:
     return preset(args)[f"{task}_lr"] * factor
 
 
-def run_once(arguments: list[str], out_dir: str, prefix: str) -> dict:
-    """The report of `quality.py <arguments> --prefix <prefix>`, from its JSON when a finished run left one."""
+def run_once(arguments: list[str], out_dir: str, prefix: str, task: str, rate: float) -> dict:
+    """The report of `quality.py <arguments> --prefix <prefix>`, from its JSON when a finished run at `rate` left one
+    (a run at another rate, as a generator run left by an earlier choice of DAMCHA's rate, is run again)."""
     path = os.path.join(out_dir, f"{prefix}.json")
     if os.path.exists(path):
         with open(path) as file:
             report = json.load(file)
-        if report.get("finished"):
+        if report.get("finished") and report["args"].get(f"{task}_lr") == rate:
             print(f"{prefix}: finished earlier, read from {path}", flush=True)
             return report
     return quality.main([*arguments, "--prefix", prefix, "--overwrite"])
+
+
+def learning_rate_search(args, task: str, values_at: Callable[[float], dict]) -> dict[float, dict]:
+    """{factor: {row: validation value}} over the grid `LR_FACTORS`, grown past an edge while a method's best factor
+    lies on it (at most `LR_EXTENSIONS` times per side). `values_at(factor)` trains or reads that factor's run."""
+    stage1 = {factor: values_at(factor) for factor in LR_FACTORS}
+    rows = list(stage1[LR_FACTORS[0]])
+    lowest, highest = min(LR_FACTORS) / 2**LR_EXTENSIONS, max(LR_FACTORS) * 2**LR_EXTENSIONS
+    while True:
+        bests = {best({f: values[row] for f, values in stage1.items()}, task) for row in rows}
+        low, high = min(stage1), max(stage1)
+        beyond = [f for edge, f, limit in ((low, low / 2, lowest), (high, high * 2, highest))
+                  if edge in bests and (f >= limit if f < edge else f <= limit)]  # fmt: skip
+        if not beyond:
+            return stage1
+        for factor in beyond:
+            stage1[factor] = values_at(factor)
 
 
 def validation(report: dict, task: str, row: str) -> float:
@@ -107,16 +128,19 @@ def tune(args, task: str) -> None:
     _, damcha_row, _, _ = TASKS[task]
     rows = ["MHA", damcha_row, "DCMHA"]
     base = common_arguments(args, task)
-    stage1 = {}
-    for factor in LR_FACTORS:
+
+    def train(factor):
         rate = rate_of(args, task, factor)
-        report = run_once([*base, "--rows", *rows, f"--{task}-lr", repr(rate)], args.out_dir, lr_prefix(task, rate))
-        stage1[rate] = {row: validation(report, task, row) for row in rows}
-    damcha_rate = best({rate: values[damcha_row] for rate, values in stage1.items()}, task)
+        report = run_once([*base, "--rows", *rows, f"--{task}-lr", repr(rate)], args.out_dir, lr_prefix(task, rate),
+                          task, rate)  # fmt: skip
+        return {row: validation(report, task, row) for row in rows}
+
+    stage1 = learning_rate_search(args, task, train)
+    damcha_rate = rate_of(args, task, best({f: values[damcha_row] for f, values in stage1.items()}, task))
     hidden = preset(args)["metric_hidden_size"]
     for name, setting in GENERATOR_SETTINGS.items():
         run_once([*base, "--rows", damcha_row, f"--{task}-lr", repr(damcha_rate), *setting(hidden)], args.out_dir,
-                 f"{task}_damcha_{name}")  # fmt: skip
+                 f"{task}_damcha_{name}", task, damcha_rate)  # fmt: skip
 
 
 def choose(args) -> dict:
@@ -124,17 +148,27 @@ def choose(args) -> dict:
     chosen, lines = {}, []
     hidden = preset(args)["metric_hidden_size"]
     for task, (_, damcha_row, _, larger_is_better) in TASKS.items():
-        factors = {rate_of(args, task, f): f for f in LR_FACTORS}
-        paths = {rate: os.path.join(args.out_dir, lr_prefix(task, rate) + ".json") for rate in factors}
-        if not all(os.path.exists(path) for path in paths.values()):
-            continue
-        stage1 = {rate: quality.read_reports([path])[0] for rate, path in paths.items()}
         methods = {"MHA": "MHA", "DAMCHA": damcha_row, "DCMHA": "DCMHA"}
-        values = {m: {rate: validation(r, task, row) for rate, r in stage1.items()} for m, row in methods.items()}
+        reports = {}
+
+        def read(factor, task=task, reports=reports, methods=methods):
+            rate = rate_of(args, task, factor)
+            reports[rate] = quality.read_reports([os.path.join(args.out_dir, lr_prefix(task, rate) + ".json")])[0]
+            return {row: validation(reports[rate], task, row) for row in methods.values()}
+
+        try:
+            stage1 = learning_rate_search(args, task, read)
+        except FileNotFoundError:  # this task's pass has not run (or not finished): nothing to choose
+            continue
+        factors = {rate_of(args, task, f): f for f in stage1}
+        values = {m: {rate_of(args, task, f): v[row] for f, v in stage1.items()} for m, row in methods.items()}
         rates = {m: best(v, task) for m, v in values.items()}
         generator = {"default": values["DAMCHA"][rates["DAMCHA"]]}
         for name in GENERATOR_SETTINGS:
             report = quality.read_reports([os.path.join(args.out_dir, f"{task}_damcha_{name}.json")])[0]
+            if report["args"].get(f"{task}_lr") != rates["DAMCHA"]:
+                raise SystemExit(f"--choose: {task}_damcha_{name}.json ran at another rate than DAMCHA's best "
+                                 f"({rates['DAMCHA']:g}); run --task {task} again")  # fmt: skip
             generator[name] = validation(report, task, damcha_row)
         setting = best(generator, task)
         damcha = {"metric_hidden_size": hidden, "metric_input_norm": "none", "metric_lr_multiplier": 1.0}
@@ -145,7 +179,7 @@ def choose(args) -> dict:
         }.get(setting, {}))  # fmt: skip
         chosen[task] = {"lr": rates, **damcha}
         scale, digits, unit = (100, 2, "validation top-1 %") if larger_is_better else (1, 3, "validation bits per byte")
-        lines += [f"## {task}: {unit} (seed {stage1[rates['MHA']]['args']['seeds'][0]}; "
+        lines += [f"## {task}: {unit} (seed {reports[rates['MHA']]['args']['seeds'][0]}; "
                   f"{'higher' if larger_is_better else 'lower'} is better)", "",
                   "| learning rate | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]  # fmt: skip
         for rate in sorted(factors):

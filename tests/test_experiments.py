@@ -930,8 +930,10 @@ def test_tuning_pass_chooses_on_validation_and_quality_trains_each_method_at_its
     out = str(tmp_path / "tuning")
     tuning.main(["--task", "lm", "--tiny", "--synthetic", "--out-dir", out])
     chosen = tuning.main(["--choose", "--tiny", "--out-dir", out])["lm"]
-    rates = [0.003 * factor for factor in (1.0, 0.5, 2.0)]
-    reports = {rate: json.loads((tmp_path / "tuning" / f"lm_lr_{rate:g}.json").read_text()) for rate in rates}
+    reports = [json.loads(path.read_text()) for path in (tmp_path / "tuning").glob("lm_lr_*.json")]
+    reports = {report["args"]["lm_lr"]: report for report in reports}
+    rates = sorted(reports)
+    assert {0.0015, 0.003, 0.006} <= set(rates)
     for method, row in (("MHA", "MHA"), ("DAMCHA", "DAMCHA token"), ("DCMHA", "DCMHA")):
         values = {rate: reports[rate]["results"]["lm"][row][0]["validation_bpb"] for rate in rates}
         assert chosen["lr"][method] == min(values, key=values.get)
@@ -944,6 +946,26 @@ def test_tuning_pass_chooses_on_validation_and_quality_trains_each_method_at_its
     with pytest.raises(SystemExit):
         quality.parse_args(["--tiny", "--synthetic", "--tuned", str(tuned), "--lm-lr", "0.01"])
     assert "--tuned sets --lm-lr per task" in capsys.readouterr().err
+
+
+def test_learning_rate_grid_grows_past_an_edge_until_every_best_is_inside():
+    """Closed form: a row whose validation loss is (log2 factor - 1.8)^2 is best at 4 once the grid reaches 8; a row
+    best ever lower stops the grid at its limit, 1/8."""
+    from experiments import tuning
+
+    asked = []
+
+    def values_at(factor):
+        asked.append(factor)
+        return {"MHA": (math.log2(factor) - 1.8) ** 2, "DCMHA": math.log2(factor) + 10}
+
+    stage1 = tuning.learning_rate_search(None, "lm", values_at)
+    assert asked[:3] == [1.0, 0.5, 2.0] and sorted(stage1) == [0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0]
+    assert len(asked) == len(set(asked))  # no factor is trained twice
+    inside = tuning.learning_rate_search(None, "lm", lambda f: {"MHA": abs(math.log2(f))})
+    assert sorted(inside) == [0.5, 1.0, 2.0]
+    # larger is better for the ViT's top-1: its best is the largest value
+    assert sorted(tuning.learning_rate_search(None, "vit", lambda f: {"MHA": f})) == [0.5, 1.0, 2.0, 4.0, 8.0]
 
 
 def test_vit_validation_images_are_held_out_of_training(tmp_path):

@@ -374,6 +374,17 @@ def paired_statistics(differences: list[float], confidence: float = CONFIDENCE) 
             "p_value": p_value}  # fmt: skip
 
 
+def fmt_paired(stats: dict | None, scale: float = 1.0, digits: int = 3) -> str:
+    """mean ± SE [interval] (k/n same sign), or mean (1 seed)."""
+    if not stats:
+        return "-"
+    if stats.get("se") is None:
+        return f"{scale * stats['mean']:+.{digits}f} (1 seed)"
+    low, high = sorted((scale * stats["low"], scale * stats["high"]))
+    return (f"{scale * stats['mean']:+.{digits}f} ± {abs(scale) * stats['se']:.{digits}f} "
+            f"[{low:+.{digits}f}, {high:+.{digits}f}] ({stats['agree_in_sign']}/{stats['n']})")  # fmt: skip
+
+
 def holm_adjusted(p_values: list[float]) -> list[float]:
     """Holm's step-down adjustment of a family of p-values, in their given order: the i-th smallest is multiplied by
     (m - i + 1), made non-decreasing along that order and capped at 1. A comparison whose adjusted p-value is below

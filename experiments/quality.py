@@ -54,6 +54,7 @@ from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     CONFIDENCE,
     Row,
     count_parameters,
+    fmt_paired,
     format_tables,
     gpt2_config_kwargs,
     gpt2_rows,
@@ -775,17 +776,6 @@ def analyse(results: dict, smoke_tests=()) -> dict:
 def fmt(entry: dict, metric: str, scale: float = 1.0, digits: int = 3) -> str:
     value = entry.get(metric)
     return f"{scale * value['mean']:.{digits}f} ± {scale * value['std']:.{digits}f}" if value else "-"
-
-
-def fmt_paired(stats: dict | None, scale: float = 1.0, digits: int = 3) -> str:
-    """mean ± SE [interval] (k/n same sign), or mean (1 seed)."""
-    if not stats:
-        return "-"
-    if stats.get("se") is None:
-        return f"{scale * stats['mean']:+.{digits}f} (1 seed)"
-    low, high = sorted((scale * stats["low"], scale * stats["high"]))
-    return (f"{scale * stats['mean']:+.{digits}f} ± {abs(scale) * stats['se']:.{digits}f} "
-            f"[{low:+.{digits}f}, {high:+.{digits}f}] ({stats['agree_in_sign']}/{stats['n']})")  # fmt: skip
 
 
 def tables(report: dict) -> str:

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
 from experiments.common import (  # noqa: E402
+    fmt_paired,
     format_table,
     multiple_comparisons,
     multiple_comparisons_sentence,
@@ -121,10 +122,8 @@ def summarize(folder: str, prefix: str) -> dict:
     for name, by_key in summary["differences"].items():
         cells = [name, ",".join(map(str, paired_seeds[name]))]
         for stats in by_key.values():
-            interval = "" if stats["low"] is None else f" [{stats['low']:+.3f}, {stats['high']:+.3f}]"
-            se = "" if stats["se"] is None else f" ± {stats['se']:.3f}"
             holm = "" if stats.get("p_holm") is None else f" p_Holm {stats['p_holm']:.2f}"
-            cells.append(f"{stats['mean']:+.3f}{se}{interval} ({stats['agree_in_sign']}/{stats['n']}){holm}")
+            cells.append(fmt_paired(stats) + holm)
         differences.append(cells)
     print(format_table(["row", "seeds", *MEASURES.values()], table))
     print()

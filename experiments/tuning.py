@@ -92,7 +92,7 @@ def run_once(arguments: list[str], out_dir: str, prefix: str, task: str, rate: f
     return quality.main([*arguments, "--prefix", prefix, "--overwrite"])
 
 
-def learning_rate_search(args, task: str, values_at: Callable[[float], dict]) -> dict[float, dict]:
+def learning_rate_search(task: str, values_at: Callable[[float], dict]) -> dict[float, dict]:
     """{factor: {row: validation value}} over the grid `LR_FACTORS`, grown past an edge while a method's best factor
     lies on it (at most `LR_EXTENSIONS` times per side). `values_at(factor)` trains or reads that factor's run."""
     stage1 = {factor: values_at(factor) for factor in LR_FACTORS}
@@ -135,7 +135,7 @@ def tune(args, task: str) -> None:
                           task, rate)  # fmt: skip
         return {row: validation(report, task, row) for row in rows}
 
-    stage1 = learning_rate_search(args, task, train)
+    stage1 = learning_rate_search(task, train)
     damcha_rate = rate_of(args, task, best({f: values[damcha_row] for f, values in stage1.items()}, task))
     hidden = preset(args)["metric_hidden_size"]
     for name, setting in GENERATOR_SETTINGS.items():
@@ -157,7 +157,7 @@ def choose(args) -> dict:
             return {row: validation(reports[rate], task, row) for row in methods.values()}
 
         try:
-            stage1 = learning_rate_search(args, task, read)
+            stage1 = learning_rate_search(task, read)
         except FileNotFoundError:  # this task's pass has not run (or not finished): nothing to choose
             continue
         factors = {rate_of(args, task, f): f for f in stage1}

@@ -959,13 +959,13 @@ def test_learning_rate_grid_grows_past_an_edge_until_every_best_is_inside():
         asked.append(factor)
         return {"MHA": (math.log2(factor) - 1.8) ** 2, "DCMHA": math.log2(factor) + 10}
 
-    stage1 = tuning.learning_rate_search(None, "lm", values_at)
+    stage1 = tuning.learning_rate_search("lm", values_at)
     assert asked[:3] == [1.0, 0.5, 2.0] and sorted(stage1) == [0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0]
     assert len(asked) == len(set(asked))  # no factor is trained twice
-    inside = tuning.learning_rate_search(None, "lm", lambda f: {"MHA": abs(math.log2(f))})
+    inside = tuning.learning_rate_search("lm", lambda f: {"MHA": abs(math.log2(f))})
     assert sorted(inside) == [0.5, 1.0, 2.0]
     # larger is better for the ViT's top-1: its best is the largest value
-    assert sorted(tuning.learning_rate_search(None, "vit", lambda f: {"MHA": f})) == [0.5, 1.0, 2.0, 4.0, 8.0]
+    assert sorted(tuning.learning_rate_search("vit", lambda f: {"MHA": f})) == [0.5, 1.0, 2.0, 4.0, 8.0]
 
 
 def test_vit_validation_images_are_held_out_of_training(tmp_path):

@@ -72,6 +72,16 @@ class DamchaFamily:
     def damcha_model_type(self) -> str:
         return self.config_class.model_type
 
+    def exports(self, *others: type) -> list[str]:
+        """Its model file's `__all__`: the declaration (`DAMCHA_FAMILY`), `others` (the file's shared base class, an
+        output type) and every head's class, so that a head added to the declaration is exported without being named
+        again."""
+        return [
+            "DAMCHA_FAMILY",
+            *(other.__name__ for other in others),
+            *(head.model_class.__name__ for head in self.heads),
+        ]
+
     def head_for_auto_class(self, auto_class: str) -> DamchaHead | None:
         return next((head for head in self.heads if head.auto_class == auto_class), None)
 

@@ -1,11 +1,12 @@
-"""The self-attention of the rotary decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2) with DAMCHA's metric.
+"""The self-attention of the rotary decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2) with a cross-head variant.
 
 Their stock attention layers all run the same steps: project the queries `(batch, H, seq, d_h)` and the keys and
 values `(batch, H_kv, seq, d_h)`, rotate the queries and keys (RoPE), update the cache, and call the configured
 attention function with the layer's `scaling` and a few keyword arguments of the family's own. A DAMCHA layer keeps
-each step and hands the rotated projections to `dispatch.cross_head_attention`, which mixes the keys across the
-key/value heads (after RoPE, with which the mixing commutes; see `metric.py`), updates the cache and calls the same
-attention function. What differs between the families is declared on the family's class:
+each step and hands the rotated projections to `dispatch.cross_head_attention_inputs`, which applies the layer's
+cross-head variant (DAMCHA mixes the keys across the key/value heads after RoPE, with which the mixing commutes; see
+`metric.py`) and updates the cache; the `forward` then looks up and calls the same attention function as the stock
+layer, in the shape serving engines recognise. What differs between the families is declared on the family's class:
 
 - `rotary_embedding` and `stock_eager_attention`: the stock model file's `apply_rotary_pos_emb` (Phi-3's rotates part
   of each head) and `eager_attention_forward` (Gemma 2's soft-caps the logits);
@@ -21,9 +22,10 @@ Part of the remote-code payload: imports only torch, transformers and its siblin
 
 import torch
 from transformers.cache_utils import Cache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .damcha_pretrained import DamchaAttentionMixin
-from .dispatch import cross_head_attention
+from .dispatch import cross_head_attention_inputs, cross_head_attention_output
 from .metric import CrossHeadMetric, project_heads
 
 
@@ -31,8 +33,8 @@ class DamchaDecoderAttentionMixin(DamchaAttentionMixin):
     """Mixed in before a stock rotary-decoder attention class (`class DamchaMistralAttention(
     DamchaDecoderAttentionMixin, MistralAttention)`), which then declares `rotary_embedding`,
     `stock_eager_attention` and, where its family needs them, `project_query_key_value` and `stock_attention_options`.
-    The metric comes in as `cross_head_metric`; a variant with a per-layer module (talking-heads, DCMHA) gives the
-    layer its `cross_head_mixing`.
+    DAMCHA's metric, the one module a layer stack shares, comes in as `cross_head_metric`; a variant with a per-layer
+    module (talking-heads, DCMHA, ColMHA, MoA) gives the layer its `cross_head_mixing`.
     """
 
     rotary_embedding: staticmethod  # the stock `apply_rotary_pos_emb(query, key, cos, sin)`
@@ -65,20 +67,27 @@ class DamchaDecoderAttentionMixin(DamchaAttentionMixin):
         query, key, value = self.project_query_key_value(hidden_states)
         cos, sin = position_embeddings
         query, key = self.rotary_embedding(query, key, cos, sin)
-        attn_output, attn_weights = cross_head_attention(
+        dropout = self.attention_dropout if self.training else 0.0
+        options = self.stock_attention_options()
+        query, key, value, eager_attention = cross_head_attention_inputs(
             self,
             hidden_states,
             query,
             key,
             value,
-            attention_mask,
             metric=cross_head_metric,
             default_attention=self.stock_eager_attention,
-            dropout=self.attention_dropout if self.training else 0.0,
+            dropout=dropout,
             cache=cache,
             past_key_values=past_key_values,
-            **self.stock_attention_options(),
+            **options,
             **kwargs,
         )
+        # The lookup and its one call stay in this `forward`, as in the stock layer: see `cross_head_attention_inputs`.
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention)
+        attn_output, attn_weights = attention_interface(
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **options, **kwargs
+        )
+        attn_output = cross_head_attention_output(self, attn_output, hidden_states)
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
         return self.o_proj(attn_output), attn_weights

@@ -1,41 +1,109 @@
-"""The attention entry point every DAMCHA model calls (`cross_head_attention`): it normalises the KV cache, lets the
-config's attention variant (`variants.py`) prepare the query and key or name a score mixing, updates the cache and hands
-ordinary `(query, key, value)` to transformers' attention functions (`ALL_ATTENTION_FUNCTIONS`), or runs the score
-mixing in eager attention (`score_mixing.py`); plus which backend a config can run on (`attn_implementation_for`). The
-KV-cache adaptor and the transformers-version warning are `transformers_releases.py`'s.
+"""The attention core every DAMCHA layer calls (`cross_head_attention_inputs`): it normalises the KV cache, lets the
+config's attention variant (`variants.py`) prepare the query and key or name a score mixing, updates the cache and
+returns ordinary `(query, key, value)` with the eager attention function for them; the layer's own `forward` looks up
+transformers' attention function (`ALL_ATTENTION_FUNCTIONS`) and calls it, as a stock layer does, so that anything
+that swaps in its own attention function (a serving engine's paged attention) sees the usual shape. A score mixing
+runs in eager attention (`score_mixing.py`). Plus which backend a config can run on (`attn_implementation_for`) and
+what a serving engine cannot run (`serving_refusal`). The KV-cache adaptor and the transformers-version warning are
+`transformers_releases.py`'s.
 
 This file imports only torch, transformers and its siblings: it is part of the remote-code payload.
 """
 
+import sys
 from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .cross_head_variant import ALL_BACKENDS
 from .metric import full_width_key, project_heads
-from .score_mixing import score_mixing_cross_head_attention
+from .score_mixing import score_mixing_attention_inputs
 from .transformers_releases import SourceKeyCache, self_attention_cache
 from .variants import variant_of
 
+# The attention implementations vLLM's Transformers backend registers and sets on a model's config before building it.
+SERVING_ATTN_IMPLEMENTATIONS = ("vllm", "vllm_mla")
+SERVED_SETTING = "`cross_head_variant='damcha'` with `metric_form='keys'` and `metric_context='token'` (the defaults)"
 
-def register_output_recording(model: nn.Module) -> None:
-    """Register a model whose class changed after `PreTrainedModel.__init__` for transformers' output recording
-    (`output_attentions`, `output_hidden_states`), which looks up what to record by the model's class."""
-    from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
 
-    _CAN_RECORD_REGISTRY[model] = model._can_record_outputs
+def serving_refusal(config, parallel_sizes: tuple[int, int] | None = None) -> str | None:
+    """Why vLLM cannot serve `config` (one line naming the setting and what to use), or None where it can.
+
+    vLLM's Transformers backend calls a layer's attention function with one flattened sequence holding the tokens of
+    every scheduled request, keeps the keys it returns in its paged cache, and computes attention in its own kernels.
+    Key-side mixing with a key-token context (`"token"`) fits that exactly: each cached key is mixed from its own
+    token's heads, whatever else is scheduled beside it. What does not fit is refused, never run: a mixing of the
+    score maps (no paged kernel exposes them), a query wider than the cached heads (`"query"`, ColMHA), a metric that
+    averages over a sequence (vLLM's sequence is a batch of requests), a gate on each head's output (MoA; vLLM's
+    attention returns the heads already joined), and heads split across devices (tensor parallelism; the metric mixes
+    heads that would live on other devices) or layers split from the stack's one generator (pipeline parallelism).
+    `parallel_sizes` are vLLM's (tensor, pipeline) parallel sizes, read from vLLM when not given.
+    """
+    name = type(config).__name__
+    use = f"serve {SERVED_SETTING}, or run this model with transformers"
+    if getattr(config, "is_encoder_decoder", False):
+        return (
+            f"{name}: vLLM's Transformers backend serves decoder-only models, not encoder-decoders; run this "
+            "model with transformers' `generate`."
+        )
+    variant = variant_of(config)
+    if variant.name not in ("damcha", "none"):
+        reason = {
+            "moa": "gates each head's output per token, and vLLM's attention returns the heads already joined",
+            "colmha": "attends with one shared query and key wider than the value heads vLLM's cache holds",
+        }.get(variant.name, "mixes the attention score maps across heads, which vLLM's paged kernels never form")
+        return f"{name}: vLLM cannot serve `cross_head_variant={variant.name!r}`: it {reason}; {use}."
+    if variant.name == "damcha":
+        if config.metric_form != "keys":
+            return (
+                f"{name}: vLLM cannot serve `metric_form={config.metric_form!r}`: it mixes the attention score maps, "
+                f"which vLLM's paged kernels never form; {use}."
+            )
+        contexts = {config.metric_context, getattr(config, "encoder_context", config.metric_context)}
+        for context, reason in (
+            ("query", "its query heads are wider than the key and value heads vLLM's cache and kernels hold"),
+            ("sequence", "it averages over the sequence, and vLLM's sequence joins the tokens of many requests"),
+        ):
+            if context in contexts:
+                return f"{name}: vLLM cannot serve `metric_context={context!r}`: {reason}; {use}."
+    tensor_parallel, pipeline_parallel = parallel_sizes or _vllm_parallel_sizes()
+    if tensor_parallel > 1 and variant.name == "damcha":
+        return (
+            f"{name}: vLLM's tensor parallelism ({tensor_parallel}) would split the key/value heads the metric mixes "
+            "across devices; serve with `--tensor-parallel-size 1` (more replicas: `--data-parallel-size`)."
+        )
+    if pipeline_parallel > 1 and variant.name == "damcha":
+        return (
+            f"{name}: vLLM's pipeline parallelism ({pipeline_parallel}) would keep the stack's one metric generator on "
+            "one stage while every stage's layers need it; serve with `--pipeline-parallel-size 1` (more replicas: "
+            "`--data-parallel-size`)."
+        )
+    return None
+
+
+def _vllm_parallel_sizes() -> tuple[int, int]:
+    """vLLM's tensor and pipeline parallel sizes in the process building the model, read from the `vllm.distributed`
+    module the engine has loaded (this file imports nothing beyond torch and transformers); (1, 1) where it has not,
+    or where its groups are not set up (a model built outside an engine)."""
+    distributed = sys.modules.get("vllm.distributed")
+    try:
+        return distributed.get_tensor_model_parallel_world_size(), distributed.get_pp_group().world_size
+    except (AssertionError, RuntimeError, AttributeError):
+        return 1, 1
 
 
 def attn_implementation_for(config, requested) -> str | None:
     """The attention backend a model must use for `config`'s variant, or None where the usual resolution applies.
 
     A variant that runs only in eager attention (one that mixes the score maps) gets `"eager"` when no backend was
-    requested; a backend the variant cannot run on gets a `ValueError` naming `attn_implementation` and the fix. Models
+    requested; a backend the variant cannot run on gets a `ValueError` naming `attn_implementation` and the fix, and
+    vLLM's (set when vLLM builds the model) a `ValueError` for a setting vLLM cannot serve (`serving_refusal`). Models
     call this from `_check_and_adjust_attn_implementation`, so that construction, `from_pretrained` and
     `set_attn_implementation` all resolve the same way.
     """
+    if requested in SERVING_ATTN_IMPLEMENTATIONS and (refusal := serving_refusal(config)) is not None:
+        raise ValueError(refusal)
     variant = variant_of(config)
     backends = variant.backends(config)
     if requested is None or isinstance(requested, dict):  # a dict sets sub-configs' backends: theirs to check
@@ -45,13 +113,12 @@ def attn_implementation_for(config, requested) -> str | None:
     return None
 
 
-def cross_head_attention(
+def cross_head_attention_inputs(
     module: nn.Module,
     hidden_states: torch.Tensor,
     query: torch.Tensor,
     key: torch.Tensor | None,
     value: torch.Tensor | None,
-    attention_mask: torch.Tensor | None,
     *,
     metric: nn.Module | None = None,
     default_attention: Callable,
@@ -63,30 +130,45 @@ def cross_head_attention(
     source_states: torch.Tensor | None = None,
     metric_context: str | None = None,
     **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Cross-head attention for any model, dispatched on `config.cross_head_variant`; updates the KV cache.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Callable]:
+    """What a layer's attention function gets, dispatched on `config.cross_head_variant`; updates the KV cache.
+
+    Returns `(query, key, value, eager_attention)`. The layer's `forward` then looks its attention function up itself
+    and calls it once, with the layer's scaling:
+
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention)
+        attn_output, attn_weights = attention_interface(
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
+        )
+        attn_output = cross_head_attention_output(self, attn_output, hidden_states)
+
+    That is the shape of a stock transformers attention layer, and the one that serving engines which swap in their
+    own attention function recognise by reading the `forward` (vLLM's Transformers backend, whose paged cache then
+    holds the mixed keys); `tests/test_serving_shape.py` checks it in every family.
 
     `module` is the model's attention layer (it provides `config`, `layer_idx`, `scaling` and the head count, and the
     per-layer module of a variant that has one, `cross_head_mixing`);
     `query`, `key`, `value` are its `(batch, heads, seq, head_dim)` projections of `hidden_states`;
     `metric` is the layer stack's module (DAMCHA's `CrossHeadMetric`), None for a variant without one;
-    `default_attention` is the model's eager attention function, used when `config._attn_implementation` is eager.
+    `default_attention` is the model's eager attention function, returned as `eager_attention` (what the lookup gives
+    when `config._attn_implementation` is eager) unless the variant mixes the score maps.
     `cache` (transformers >= 5.24) or `past_key_values` (5.23 and earlier) is the KV cache, a plain or an
     `EncoderDecoderCache` (whose self-attention part is updated); `token_mask` `(batch, seq)` marks the real tokens
     for `"sequence"` (see `cross_head_query_key`). A layer with its own key projection may pass `key=None` and
     `key_projection` (its `k_proj`), so that `"sequence"` and `"token"` can project and mix the key in one step.
     `metric_context` overrides `config.metric_context` for this layer (an encoder-decoder's encoder has its own).
+    `kwargs` are the layer's other keyword arguments, which the cache update reads as the stock layers pass them.
 
     Cross-attention (an encoder-decoder's decoder): `source_states` are the encoder outputs the keys and values come
     from, and `key`, `value` their projections; the source's keys are mixed once and kept, mixed, in the
     `EncoderDecoderCache`'s cross-attention part, so later steps pass `key=value=None`
     (`cross_attention_source_cached`) and only the query side is computed.
-    Returns `(attn_output (batch, seq, heads, head_dim), attn_weights or None)` as the attention functions do.
 
     The variant's `attention_inputs` hook decides: DAMCHA mixes `(query, key)` for the configured attention function
-    (`metric_form="keys"`) or names a score mixing (`"scores"`); talking-heads and DCMHA name their layer's mixing,
-    run by `score_mixing_attention`; plain attention passes the projections through. Its `attended_output` hook then
-    sees the heads' outputs (MoA gates them per token).
+    (`metric_form="keys"`) or names a score mixing (`"scores"`); talking-heads and DCMHA name their layer's mixing.
+    A score mixing runs in eager attention only: its `eager_attention` is `score_mixing_attention` bound to the mixing
+    (the variant refuses every other backend), so the layer's one call runs it. Plain attention passes the projections
+    through.
     """
     config = module.config
     # Each config field is read once: a transformers config attribute costs microseconds per read (its
@@ -109,16 +191,16 @@ def cross_head_attention(
         attn_implementation=attn_implementation,
     )  # fmt: skip
     if mixing is not None:
-        output, weights = score_mixing_cross_head_attention(
-            module, hidden_states, query, key, value, attention_mask, mixing=mixing, dropout=dropout, cache=cache,
-            key_states=key_states, **kwargs,
-        )  # fmt: skip
-    else:
-        if cache is not None:
-            key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
-        key = full_width_key(query, variant.attended_key(module, key))
-        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn_implementation, default_attention)
-        output, weights = attention_interface(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=module.scaling, **kwargs
+        return score_mixing_attention_inputs(
+            module, hidden_states, query, key, value, mixing=mixing, cache=cache, key_states=key_states, **kwargs
         )
-    return variant.attended_output(module, output, hidden_states), weights
+    if cache is not None:
+        key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
+    key = full_width_key(query, variant.attended_key(module, key))
+    return query, key, value, default_attention
+
+
+def cross_head_attention_output(module: nn.Module, output: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The heads' outputs the layer projects, from what its attention function returned (MoA gates them per token;
+    every other variant returns `output` as it is)."""
+    return variant_of(module.config).attended_output(module, output, hidden_states)

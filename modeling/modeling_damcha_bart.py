@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.bart.modeling_bart import (
     BartAttention,
     BartDecoder,
@@ -34,7 +35,7 @@ from transformers.models.bart.modeling_bart import (
 from .configuration_damcha_bart import DamchaBartConfig
 from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaAttentionMixin, DamchaPreTrainedMixin, forward_with_cross_head_metric
-from .dispatch import cross_head_attention
+from .dispatch import cross_head_attention_inputs, cross_head_attention_output
 from .metric import CrossHeadMetric, attended_tokens, project_heads
 from .transformers_releases import cross_attention_source_cached
 
@@ -85,22 +86,28 @@ class DamchaBartAttention(DamchaAttentionMixin, BartAttention):
             source = hidden_states if key_value_states is None else key_value_states
             key, value = (project_heads(projection, source, self.head_dim) for projection in (self.k_proj, self.v_proj))
         config = self.config
-        attn_output, attn_weights = cross_head_attention(
+        dropout = self.dropout if self.training else 0.0
+        query, key, value, eager_attention = cross_head_attention_inputs(
             self,
             hidden_states,
             query,
             key,
             value,
-            attention_mask,
             metric=cross_head_metric,
             default_attention=eager_attention_forward,
-            dropout=self.dropout if self.training else 0.0,
+            dropout=dropout,
             cache=cache,
             token_mask=token_mask,
             source_states=key_value_states,
             metric_context=config.metric_context if self.is_decoder else config.encoder_context,
             **kwargs,
         )
+        # The lookup and its one call stay in this `forward`, as in the stock layer: see `cross_head_attention_inputs`.
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, eager_attention)
+        attn_output, attn_weights = attention_interface(
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
+        )
+        attn_output = cross_head_attention_output(self, attn_output, hidden_states)
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
         return self.out_proj(attn_output), attn_weights
 
@@ -199,12 +206,4 @@ DAMCHA_FAMILY = DamchaFamily(
     presets={"bart-base": (DamchaBartForConditionalGeneration, DamchaBartConfig.bart_base)},
 )
 
-__all__ = [
-    "DAMCHA_FAMILY",
-    "DamchaBartPreTrainedModel",
-    "DamchaBartModel",
-    "DamchaBartForConditionalGeneration",
-    "DamchaBartForSequenceClassification",
-    "DamchaBartForQuestionAnswering",
-    "DamchaBartForCausalLM",
-]
+__all__ = DAMCHA_FAMILY.exports(DamchaBartPreTrainedModel)

@@ -8,7 +8,7 @@ attention, not SDPA (which cannot soft-cap), and so does this model. Every Gemma
 kept and identical outputs.
 """
 
-from transformers import AutoModel, GenerationMixin
+from transformers import GenerationMixin
 from transformers.models.gemma2.modeling_gemma2 import (
     Gemma2Attention,
     Gemma2ForCausalLM,
@@ -38,6 +38,9 @@ class DamchaGemma2PreTrainedModel(DamchaPreTrainedMixin, Gemma2PreTrainedModel):
     config_class = DamchaGemma2Config
     config: DamchaGemma2Config
     damcha_attention_class = DamchaGemma2Attention
+    # SDPA cannot soft-cap the logits: stock Gemma 2 says so from transformers 5.22 on, and before it ran SDPA without
+    # the cap (other outputs than eager's). Refused here on every release.
+    _supports_sdpa = False
 
 
 class DamchaGemma2Model(DamchaGemma2PreTrainedModel, Gemma2Model):
@@ -55,11 +58,6 @@ class DamchaGemma2ForSequenceClassification(DamchaGemma2PreTrainedModel, Gemma2F
 
 class DamchaGemma2ForTokenClassification(DamchaGemma2PreTrainedModel, Gemma2ForTokenClassification):
     pass
-
-
-# The generic heads build their base model with `AutoModel.from_config(config)`; registered here so that it resolves
-# under remote code too.
-AutoModel.register(DamchaGemma2Config, DamchaGemma2Model, exist_ok=True)
 
 
 DAMCHA_FAMILY = DamchaFamily(
@@ -87,11 +85,4 @@ DAMCHA_FAMILY = DamchaFamily(
     presets={"gemma2-2b": (DamchaGemma2ForCausalLM, DamchaGemma2Config.gemma2_2b)},
 )
 
-__all__ = [
-    "DAMCHA_FAMILY",
-    "DamchaGemma2PreTrainedModel",
-    "DamchaGemma2Model",
-    "DamchaGemma2ForCausalLM",
-    "DamchaGemma2ForSequenceClassification",
-    "DamchaGemma2ForTokenClassification",
-]
+__all__ = DAMCHA_FAMILY.exports(DamchaGemma2PreTrainedModel)

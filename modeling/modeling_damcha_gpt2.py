@@ -12,6 +12,7 @@ transformers 5.24 and `cache` after, `ALL_ATTENTION_FUNCTIONS`, output recording
 import torch
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.gpt2.modeling_gpt2 import (
     GPT2Attention,
     GPT2DoubleHeadsModel,
@@ -27,7 +28,7 @@ from transformers.models.gpt2.modeling_gpt2 import (
 from .configuration_damcha_gpt2 import DamchaGPT2Config
 from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaAttentionMixin, DamchaPreTrainedMixin, forward_with_cross_head_metric
-from .dispatch import cross_head_attention
+from .dispatch import cross_head_attention_inputs, cross_head_attention_output
 from .metric import CrossHeadMetric
 
 
@@ -70,23 +71,29 @@ class DamchaGPT2Attention(DamchaAttentionMixin, GPT2Attention):
         query, key, value = self.c_attn(hidden_states).split(self.split_size, dim=2)
         head_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
         query, key, value = (t.view(head_shape).transpose(1, 2) for t in (query, key, value))
-        attn_output, attn_weights = cross_head_attention(
+        dropout = self.attn_dropout.p if self.training else 0.0
+        query, key, value, eager_attention = cross_head_attention_inputs(
             self,
             hidden_states,
             query,
             key,
             value,
-            attention_mask,
             metric=cross_head_metric,
             default_attention=upcast_and_reordered_attention
             if self.reorder_and_upcast_attn
             else eager_attention_forward,
-            dropout=self.attn_dropout.p if self.training else 0.0,
+            dropout=dropout,
             cache=cache,
             past_key_values=past_key_values,
             **kwargs,
         )
-        attn_output = attn_output.reshape(*attn_output.shape[:-2], -1).contiguous()
+        # The lookup and its one call stay in this `forward`, as in the stock layer: see `cross_head_attention_inputs`.
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention)
+        attn_output, attn_weights = attention_interface(
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
+        )
+        attn_output = cross_head_attention_output(self, attn_output, hidden_states)
+        attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
         attn_output = self.resid_dropout(self.c_proj(attn_output))
         return attn_output, attn_weights
 
@@ -95,6 +102,20 @@ class DamchaGPT2PreTrainedModel(DamchaPreTrainedMixin, GPT2PreTrainedModel):
     config_class = DamchaGPT2Config
     config: DamchaGPT2Config
     damcha_attention_class = DamchaGPT2Attention
+    # The stock patterns ("attn.bias": old checkpoints' causal-mask buffers), anchored to a whole module name: vLLM's
+    # Transformers backend drops every checkpoint weight these patterns find anywhere in its name, and the stock ones
+    # also find each layer's `c_attn.bias`, which then never loads.
+    _keys_to_ignore_on_load_unexpected = [r"(^|\.)attn\.bias$", r"(^|\.)crossattention\.bias$"]
+
+    def post_init(self):
+        super().post_init()
+        # `post_init` unites a model's patterns with its children's, and a head's base model was built (and
+        # post-initialised) as the stock class: every DAMCHA GPT-2 module keeps the anchored patterns alone.
+        for module in self.modules():
+            if isinstance(module, DamchaGPT2PreTrainedModel):
+                module._keys_to_ignore_on_load_unexpected = set(
+                    DamchaGPT2PreTrainedModel._keys_to_ignore_on_load_unexpected
+                )
 
     def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
         super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
@@ -173,13 +194,4 @@ DAMCHA_FAMILY = DamchaFamily(
     presets={"gpt2-small": (DamchaGPT2Model, DamchaGPT2Config)},
 )
 
-__all__ = [
-    "DAMCHA_FAMILY",
-    "DamchaGPT2PreTrainedModel",
-    "DamchaGPT2Model",
-    "DamchaGPT2LMHeadModel",
-    "DamchaGPT2ForSequenceClassification",
-    "DamchaGPT2ForTokenClassification",
-    "DamchaGPT2ForQuestionAnswering",
-    "DamchaGPT2DoubleHeadsModel",
-]
+__all__ = DAMCHA_FAMILY.exports(DamchaGPT2PreTrainedModel)

@@ -11,7 +11,7 @@ Every class inherits its stock class's `__init__` and `forward` (see `damcha_pre
 `past_key_values` before transformers 5.24 and `cache` after, `ALL_ATTENTION_FUNCTIONS`, output recording).
 """
 
-from transformers import AutoModel, GenerationMixin
+from transformers import GenerationMixin
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
     LlamaForCausalLM,
@@ -64,12 +64,6 @@ class DamchaLlamaForTokenClassification(DamchaLlamaPreTrainedModel, LlamaForToke
     pass
 
 
-# The generic Llama heads (sequence and token classification, question answering) build their base model with
-# `AutoModel.from_config(config)`. Registered here, in the model file, so that it resolves to the DAMCHA base model
-# also under remote code, where the plugin's own registration never ran.
-AutoModel.register(DamchaLlamaConfig, DamchaLlamaModel, exist_ok=True)
-
-
 DAMCHA_FAMILY = DamchaFamily(
     model_type="llama",
     display_name="Llama",
@@ -101,12 +95,4 @@ DAMCHA_FAMILY = DamchaFamily(
     presets={"tinyllama": (DamchaLlamaForCausalLM, DamchaLlamaConfig.tinyllama_1_1b)},
 )
 
-__all__ = [
-    "DAMCHA_FAMILY",
-    "DamchaLlamaPreTrainedModel",
-    "DamchaLlamaModel",
-    "DamchaLlamaForCausalLM",
-    "DamchaLlamaForSequenceClassification",
-    "DamchaLlamaForQuestionAnswering",
-    "DamchaLlamaForTokenClassification",
-]
+__all__ = DAMCHA_FAMILY.exports(DamchaLlamaPreTrainedModel)

@@ -4,7 +4,7 @@ Only the self-attention changes (`decoder_attention.py`), and it passes the atte
 exactly as stock Mistral does; every Mistral checkpoint loads with all weights kept and identical outputs.
 """
 
-from transformers import AutoModel, GenerationMixin
+from transformers import GenerationMixin
 from transformers.models.mistral.modeling_mistral import (
     MistralAttention,
     MistralForCausalLM,
@@ -58,11 +58,6 @@ class DamchaMistralForQuestionAnswering(DamchaMistralPreTrainedModel, MistralFor
     pass
 
 
-# The generic heads build their base model with `AutoModel.from_config(config)`; registered here so that it resolves
-# under remote code too.
-AutoModel.register(DamchaMistralConfig, DamchaMistralModel, exist_ok=True)
-
-
 DAMCHA_FAMILY = DamchaFamily(
     model_type="mistral",
     display_name="Mistral",
@@ -94,12 +89,4 @@ DAMCHA_FAMILY = DamchaFamily(
     presets={"mistral-7b": (DamchaMistralForCausalLM, DamchaMistralConfig.mistral_7b)},
 )
 
-__all__ = [
-    "DAMCHA_FAMILY",
-    "DamchaMistralPreTrainedModel",
-    "DamchaMistralModel",
-    "DamchaMistralForCausalLM",
-    "DamchaMistralForSequenceClassification",
-    "DamchaMistralForTokenClassification",
-    "DamchaMistralForQuestionAnswering",
-]
+__all__ = DAMCHA_FAMILY.exports(DamchaMistralPreTrainedModel)

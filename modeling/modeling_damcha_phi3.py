@@ -6,7 +6,7 @@ with Phi-3's (partial) RoPE, and passes the sliding window to the attention func
 loads with all weights kept and identical outputs.
 """
 
-from transformers import AutoModel, GenerationMixin
+from transformers import GenerationMixin
 from transformers.models.phi3.modeling_phi3 import (
     Phi3Attention,
     Phi3ForCausalLM,
@@ -67,11 +67,6 @@ class DamchaPhi3ForTokenClassification(DamchaPhi3PreTrainedModel, Phi3ForTokenCl
     pass
 
 
-# The generic heads build their base model with `AutoModel.from_config(config)`; registered here so that it resolves
-# under remote code too.
-AutoModel.register(DamchaPhi3Config, DamchaPhi3Model, exist_ok=True)
-
-
 DAMCHA_FAMILY = DamchaFamily(
     model_type="phi3",
     display_name="Phi-3",
@@ -98,11 +93,4 @@ DAMCHA_FAMILY = DamchaFamily(
     presets={"phi3-mini-4k": (DamchaPhi3ForCausalLM, DamchaPhi3Config.phi3_mini_4k)},
 )
 
-__all__ = [
-    "DAMCHA_FAMILY",
-    "DamchaPhi3PreTrainedModel",
-    "DamchaPhi3Model",
-    "DamchaPhi3ForCausalLM",
-    "DamchaPhi3ForSequenceClassification",
-    "DamchaPhi3ForTokenClassification",
-]
+__all__ = DAMCHA_FAMILY.exports(DamchaPhi3PreTrainedModel)

@@ -5,7 +5,7 @@ passes the attention function each layer's sliding window (None on global layers
 Qwen2 checkpoint loads with all weights kept and identical outputs.
 """
 
-from transformers import AutoModel, GenerationMixin
+from transformers import GenerationMixin
 from transformers.models.qwen2.modeling_qwen2 import (
     Qwen2Attention,
     Qwen2ForCausalLM,
@@ -59,11 +59,6 @@ class DamchaQwen2ForQuestionAnswering(DamchaQwen2PreTrainedModel, Qwen2ForQuesti
     pass
 
 
-# The generic heads build their base model with `AutoModel.from_config(config)`; registered here so that it resolves
-# under remote code too.
-AutoModel.register(DamchaQwen2Config, DamchaQwen2Model, exist_ok=True)
-
-
 DAMCHA_FAMILY = DamchaFamily(
     model_type="qwen2",
     display_name="Qwen2",
@@ -95,12 +90,4 @@ DAMCHA_FAMILY = DamchaFamily(
     presets={"qwen2.5-0.5b": (DamchaQwen2ForCausalLM, DamchaQwen2Config.qwen2_5_0_5b)},
 )
 
-__all__ = [
-    "DAMCHA_FAMILY",
-    "DamchaQwen2PreTrainedModel",
-    "DamchaQwen2Model",
-    "DamchaQwen2ForCausalLM",
-    "DamchaQwen2ForSequenceClassification",
-    "DamchaQwen2ForTokenClassification",
-    "DamchaQwen2ForQuestionAnswering",
-]
+__all__ = DAMCHA_FAMILY.exports(DamchaQwen2PreTrainedModel)

@@ -6,7 +6,7 @@ layer's sliding window to the attention function exactly as stock. Every Qwen3 c
 and identical outputs.
 """
 
-from transformers import AutoModel, GenerationMixin
+from transformers import GenerationMixin
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3Attention,
     Qwen3ForCausalLM,
@@ -66,11 +66,6 @@ class DamchaQwen3ForQuestionAnswering(DamchaQwen3PreTrainedModel, Qwen3ForQuesti
     pass
 
 
-# The generic heads build their base model with `AutoModel.from_config(config)`; registered here so that it resolves
-# under remote code too.
-AutoModel.register(DamchaQwen3Config, DamchaQwen3Model, exist_ok=True)
-
-
 DAMCHA_FAMILY = DamchaFamily(
     model_type="qwen3",
     display_name="Qwen3",
@@ -102,12 +97,4 @@ DAMCHA_FAMILY = DamchaFamily(
     presets={"qwen3-0.6b": (DamchaQwen3ForCausalLM, DamchaQwen3Config.qwen3_0_6b)},
 )
 
-__all__ = [
-    "DAMCHA_FAMILY",
-    "DamchaQwen3PreTrainedModel",
-    "DamchaQwen3Model",
-    "DamchaQwen3ForCausalLM",
-    "DamchaQwen3ForSequenceClassification",
-    "DamchaQwen3ForTokenClassification",
-    "DamchaQwen3ForQuestionAnswering",
-]
+__all__ = DAMCHA_FAMILY.exports(DamchaQwen3PreTrainedModel)

@@ -16,6 +16,7 @@ from transformers.conversion_mapping import (
     get_checkpoint_conversion_mapping,
     register_checkpoint_conversion_mapping,
 )
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.vit.modeling_vit import (
     ViTAttention,
     ViTForImageClassification,
@@ -28,7 +29,7 @@ from transformers.models.vit.modeling_vit import (
 from .configuration_damcha_vit import DamchaViTConfig, _pair
 from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaAttentionMixin, DamchaPreTrainedMixin
-from .dispatch import cross_head_attention
+from .dispatch import cross_head_attention_inputs, cross_head_attention_output
 from .metric import CrossHeadMetric, attended_tokens, project_heads
 
 
@@ -52,20 +53,26 @@ class DamchaViTAttention(DamchaAttentionMixin, ViTAttention):
         )
         # The core projects the key: `"sequence"` and `"token"` project and mix it in one step that keeps less for
         # backward.
-        attn_output, attn_weights = cross_head_attention(
+        dropout = self.attention_dropout if self.training else 0.0
+        query, key, value, eager_attention = cross_head_attention_inputs(
             self,
             hidden_states,
             query,
             None,
             value,
-            attention_mask,
             key_projection=self.k_proj,
             metric=cross_head_metric,
             default_attention=eager_attention_forward,
-            dropout=self.attention_dropout if self.training else 0.0,
+            dropout=dropout,
             token_mask=token_mask,
             **kwargs,
         )
+        # The lookup and its one call stay in this `forward`, as in the stock layer: see `cross_head_attention_inputs`.
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention)
+        attn_output, attn_weights = attention_interface(
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
+        )
+        attn_output = cross_head_attention_output(self, attn_output, hidden_states)
         attn_output = attn_output.reshape(*hidden_states.shape[:-1], -1).contiguous()
         return self.o_proj(attn_output), attn_weights
 
@@ -196,10 +203,4 @@ DAMCHA_FAMILY = DamchaFamily(
 )
 
 
-__all__ = [
-    "DAMCHA_FAMILY",
-    "DamchaViTForImageClassification",
-    "DamchaViTForMaskedImageModeling",
-    "DamchaViTModel",
-    "DamchaViTPreTrainedModel",
-]
+__all__ = DAMCHA_FAMILY.exports(DamchaViTPreTrainedModel)

@@ -152,4 +152,4 @@ DAMCHA_FAMILY = DamchaFamily(
 )
 
 
-__all__ = ["DAMCHA_FAMILY", "DamchaViTDenoiserModel", "DamchaViTDenoiserOutput"]
+__all__ = DAMCHA_FAMILY.exports(DamchaViTDenoiserOutput)

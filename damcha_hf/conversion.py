@@ -9,6 +9,7 @@ from transformers import PreTrainedModel
 
 from .families import FAMILIES, family_for_model_type, supported_architectures
 from .modeling.cross_head_variant import LAYER_MODULE, STACK_MODULE
+from .modeling.damcha_config import config_keywords, variant_option_refusal
 from .modeling.damcha_family import DamchaFamily, DamchaHead
 from .modeling.dispatch import attn_implementation_for
 from .modeling.variants import variant_of
@@ -43,10 +44,19 @@ def convert_to_damcha(model: PreTrainedModel, **metric_options) -> PreTrainedMod
     config_dict = model.config.to_dict()
     for key in ("model_type", "architectures", "auto_map", "transformers_version"):
         config_dict.pop(key, None)
+    variant = metric_options.get("cross_head_variant", config_class.cross_head_variant)
+    refusal = variant_option_refusal(
+        "convert_to_damcha", metric_options, config_keywords(config_class) | set(config_dict), variant=variant
+    )
+    if refusal:
+        raise ValueError(refusal)
     config = config_class(**{**config_dict, **metric_options})
-    # Keep the source's attention backend, except for a variant that runs only in eager attention (score mixing).
-    if attn_implementation_for(config, None) is None:
-        config._attn_implementation = model.config._attn_implementation
+    # Keep the source's attention backend, except for a variant that runs only in eager attention (score mixing), and
+    # SDPA where the DAMCHA class cannot run it (Gemma 2, which SDPA cannot soft-cap, though stock Gemma 2 defaulted to
+    # SDPA before transformers 5.22): there the DAMCHA class's default, as transformers resolves a refused SDPA.
+    source_backend = model.config._attn_implementation
+    if attn_implementation_for(config, None) is None and (source_backend != "sdpa" or damcha_class._supports_sdpa):
+        config._attn_implementation = source_backend
     parameter = next(model.parameters())
     with torch.device(parameter.device):
         damcha = damcha_class(config, **family.architecture_options(model)).to(parameter.dtype)

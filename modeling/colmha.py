@@ -79,11 +79,12 @@ class CollaborativeMixing(nn.Module):
         return shared.unsqueeze(1).expand(-1, key.shape[1], -1, -1)
 
 
-def head_indicators(num_heads: int, width: int) -> torch.Tensor:
+def head_indicators(num_heads: int, width: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """`(H, width)`: row `i` is 1 on the coordinates of head `i` (its block of `width / H`; blocks differ by at most one
-    coordinate where `H` does not divide `width`), 0 elsewhere."""
+    coordinate where `H` does not divide `width`), 0 elsewhere. In `dtype`, by default torch's default dtype, which
+    transformers sets to the dtype a model is built or loaded in (a float64 checkpoint must not be rounded)."""
     owner = torch.arange(width) * num_heads // width
-    return nn.functional.one_hot(owner, num_heads).T.float()
+    return (torch.arange(num_heads)[:, None] == owner).to(dtype or torch.get_default_dtype())
 
 
 def init_colmha(module: nn.Module, std: float) -> None:
@@ -93,7 +94,7 @@ def init_colmha(module: nn.Module, std: float) -> None:
     if isinstance(module, CollaborativeMixing):
         # transformers' guarded init functions: they skip parameters already loaded from a checkpoint.
         device = module.mixing.device
-        init.copy_(module.mixing, head_indicators(module.num_heads, module.key_dim).to(device))
+        init.copy_(module.mixing, head_indicators(module.num_heads, module.key_dim, module.mixing.dtype).to(device))
         if module.query_compression is not None:
             init.copy_(module.query_compression, torch.eye(module.width, module.key_dim, device=device))
             init.copy_(module.key_compression, torch.eye(module.width, module.key_dim, device=device))

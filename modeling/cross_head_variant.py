@@ -1,9 +1,10 @@
 """What an attention variant declares: `CrossHeadVariant`, the interface every `variant_*.py` file implements.
 
 A variant is one `cross_head_variant` value of the DAMCHA configs (`"damcha"`, `"talking_heads"`, `"dcmha"`,
-`"none"`): the configs take its fields, defaults and validation from here, the models build and initialise its
-parameters through its hooks, the attention core (`dispatch.cross_head_attention`) calls its attention hook, and the
-conversion, the model card and the command lines read its names and descriptions. `variants.py` lists them.
+`"colmha"`, `"moa"`, `"none"`; `variants.py` lists them): the configs take its fields, defaults and validation from
+here, the models build and initialise its parameters through its hooks, the attention core
+(`dispatch.cross_head_attention_inputs`) calls its attention hook, and the conversion, the model card and the command
+lines read its names and descriptions.
 
 Torch-free at import, so that the configs and the command line's `--help` read the declarations without loading the
 attention core: the hooks that build or run modules import their torch code when called. Part of the remote-code
@@ -123,6 +124,11 @@ class CrossHeadVariant:
 
     # --- the model's output (`reports_auxiliary_loss`) --------------------------------------------------------------
 
+    def checkpointing_function(self, checkpoint, layer):
+        """The gradient-checkpointing function `layer` uses, from `checkpoint`, the one transformers gives it: a
+        variant whose layers record a loss makes the checkpointed function return it (MoA)."""
+        return checkpoint
+
     def clear_auxiliary_loss(self, model) -> None:
         """Forget what `model`'s layers recorded, before a forward."""
 
@@ -132,9 +138,11 @@ class CrossHeadVariant:
 
     # --- conversion -------------------------------------------------------------------------------------------------
 
-    def after_conversion(self, model, source) -> None:
-        """Called by `convert_to_damcha` once `source`'s weights are in `model`: a variant whose start is not exact MHA
-        re-parametrises them here. Every variant so far starts as MHA, so this does nothing."""
+    def after_conversion(self, model, source, caller: str = "convert_to_damcha") -> None:
+        """Called once a multi-head model's weights are in `model`: by `convert_to_damcha` (`source` the model
+        converted) and by `from_pretrained` of a checkpoint without this variant's weights (`source` None). A variant
+        whose start is not exact MHA re-parametrises them here (ColMHA's compression) or says so (MoA's sparse start);
+        `caller` names the call in a warning."""
 
 
 class ScoreMixingVariant(CrossHeadVariant):

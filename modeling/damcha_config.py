@@ -7,19 +7,24 @@ Torch-free, so that the configuration files (and `--help` of the command line an
 importing the attention core. Part of the remote-code payload: imports only the standard library and its siblings.
 """
 
+import contextlib
+import dataclasses
+import difflib
 import functools
+import logging
 import textwrap
 from dataclasses import dataclass
 from typing import ClassVar
 
 from .config_rules import ConfigField, DamchaConfigError, FieldRule, choice_rule, positive_int_rule
-from .variant_damcha import METRIC_CONTEXTS, METRIC_FORMS, METRIC_INPUT_NORMS, METRIC_MASKS, METRIC_SHARINGS
+from .metric_choices import METRIC_CONTEXTS, METRIC_FORMS, METRIC_INPUT_NORMS, METRIC_MASKS, METRIC_SHARINGS
 from .variants import CROSS_HEAD_VARIANTS, DEFAULT_VARIANT, VARIANTS, variant_config_fields, variant_of
 
-# The transformers releases CI runs (`.ci/run`): setup.cfg's range is exactly these minor versions, its upper bound
-# moved with each new release tested. Remote code on the Hub runs on whatever transformers its user has, so the
-# model files warn once outside this range.
-TESTED_TRANSFORMERS = ("5.23.0", "5.24.0", "5.25.0")
+# The transformers releases CI runs (`.ci/run`), oldest first: setup.cfg's range runs from the oldest (5.16.1, what
+# vLLM's newest release installs beside) up to the minor version after the newest, its upper bound moved with each new
+# release tested. Minor versions between two listed ones are in the range but not run (CI's time allows four).
+# Remote code on the Hub runs on whatever transformers its user has, so the model files warn once outside this range.
+TESTED_TRANSFORMERS = ("5.16.1", "5.19.0", "5.25.0")
 
 # The fields every DAMCHA config has: the variant, then each variant's own fields (`variants.py`).
 VARIANT_FIELDS: dict[str, ConfigField] = {
@@ -49,10 +54,57 @@ METRIC_OPTIONS_DOCSTRING = "\n" + "".join(field.docstring(name) for name, field 
 # rules to `damcha_field_rules` (BART's encoder context, the denoiser's timestep features).
 METRIC_FIELD_RULES: dict[str, FieldRule] = {name: field.rule for name, field in VARIANT_FIELDS.items()}
 
+# The name prefixes of the variants' own fields ("metric_", "moa_", ...): an unknown keyword argument that starts with
+# one, or is close to a field's name, is taken for a misspelt variant field, which a config would otherwise keep as an
+# attribute that nothing reads.
+VARIANT_FIELD_PREFIXES = tuple(
+    sorted({name[: name.index("_") + 1] for name in VARIANT_FIELDS if name != "cross_head_variant"} | {"cross_head_"})
+)
+
+
+def misspelt_variant_field(name: str) -> str | None:
+    """The variant field that `name`, which is no field, most likely misspells; None where it looks like none."""
+    close = difflib.get_close_matches(name, VARIANT_FIELDS, n=1, cutoff=0.75)
+    if not close and name.startswith(VARIANT_FIELD_PREFIXES):
+        close = difflib.get_close_matches(name, VARIANT_FIELDS, n=1, cutoff=0.0)
+    return close[0] if close else None
+
+
+def variant_option_refusal(caller: str, options: dict, known, variant: str | None = None) -> str | None:
+    """Why `caller` refuses one of the keyword arguments `options`, in one line, or None.
+
+    Refused: a name that is not in `known` (the names the call accepts) and misspells a variant field, and, where
+    `variant` (the variant the call builds) is given, another variant's field set off its default, which that variant
+    would not read (at its default it changes nothing: a saved config carries every variant's fields)."""
+    for name, value in options.items():
+        if name in VARIANT_FIELDS:
+            if variant is None or name == "cross_head_variant" or name in VARIANTS[variant].fields:
+                continue
+            if value == VARIANT_FIELDS[name].default:
+                continue
+            owner = next(other.name for other in VARIANTS.values() if name in other.fields)
+            return (
+                f"{caller}: `{name}` is a field of `cross_head_variant={owner!r}`, which this call does not build "
+                f"(`cross_head_variant={variant!r}`), so it would be ignored; drop it, or pass "
+                f"`cross_head_variant={owner!r}`."
+            )
+        if name not in known:
+            guess = misspelt_variant_field(name)
+            if guess is not None:
+                return f"{caller}: unknown option `{name}`; did you mean `{guess}`?"
+    return None
+
+
+@functools.cache
+def config_keywords(config_class) -> frozenset[str]:
+    """The keyword arguments `config_class` reads: its dataclass fields and its other attributes (`num_labels`)."""
+    return frozenset({field.name for field in dataclasses.fields(config_class)} | set(dir(config_class)))
+
+
 __all__ = [
     "CROSS_HEAD_VARIANTS", "METRIC_CONTEXTS", "METRIC_FORMS", "METRIC_INPUT_NORMS", "METRIC_MASKS", "METRIC_SHARINGS", "TESTED_TRANSFORMERS",
     "DamchaConfigError", "DamchaConfigMixin", "DamchaDecoderConfigMixin", "FieldRule", "choice_rule",
-    "positive_int_rule", "one_line_config_errors",
+    "positive_int_rule", "one_line_config_errors", "config_keywords", "variant_option_refusal",
 ]  # fmt: skip
 
 
@@ -60,7 +112,12 @@ def check_metric_options(config, *, causal: bool, rules: dict[str, FieldRule] = 
     """Raise a `DamchaConfigError` naming the offending config field and the fix. Shared by every DAMCHA config."""
     name = type(config).__name__
     hidden_size, num_heads = config.hidden_size, config.num_attention_heads
-    if num_heads <= 0 or hidden_size % num_heads != 0:
+    # A family that declares the head width (`head_dim`: Llama, Mistral, Qwen3, Gemma 2) projects to `H * head_dim`
+    # whatever the model width; the cross-head variants work in that space, so the width need not split into heads.
+    # A `head_dim` the stock config derived from a width the heads do not divide (`hidden_size // H`) was not chosen.
+    head_dim = getattr(config, "head_dim", None)
+    free_head_width = isinstance(head_dim, int) and head_dim > 0 and head_dim != hidden_size // max(num_heads, 1)
+    if num_heads <= 0 or (hidden_size % num_heads != 0 and not free_head_width):
         raise DamchaConfigError(
             f"{name}: `num_attention_heads` ({num_heads}) must divide `hidden_size` ({hidden_size}); "
             f"pick a head count that divides it, such as {_nearest_divisors(hidden_size, num_heads)}."
@@ -91,6 +148,10 @@ def one_line_config_errors(config_class):
 
     @functools.wraps(strict_init)
     def __init__(self, *args, **kwargs):
+        # transformers keeps an unknown keyword as an attribute; a misspelt variant field would then be ignored.
+        refusal = variant_option_refusal(type(self).__name__, kwargs, config_keywords(type(self)))
+        if refusal:
+            raise DamchaConfigError(refusal)
         try:
             strict_init(self, *args, **kwargs)
         except Exception as error:
@@ -158,9 +219,32 @@ class DamchaConfigMixin:
     def validate_metric_options(self):
         check_metric_options(self, causal=self.damcha_causal, rules=self.damcha_field_rules)
 
+    def check_damcha_fields(self):
+        """Run the validators this project adds (the `validate_*` methods of the DAMCHA config classes), not the stock
+        config's. A stock config is validated when it is built; a stock model built from it later (transformers' own
+        tests change `rope_parameters` so) runs what the stock validation would refuse, and a DAMCHA model must build
+        where the stock one does. (Named apart from `validate_*`, which `@strict` would run as a validator.)"""
+        package = DamchaConfigMixin.__module__.rpartition(".")[0]
+        names = {
+            name
+            for cls in type(self).__mro__
+            if cls.__module__.rpartition(".")[0] == package
+            for name in vars(cls)
+            if name.startswith("validate_") and callable(vars(cls)[name])
+        }
+        for name in sorted(names):
+            getattr(self, name)()
+
     @classmethod
     def stock_model_type(cls) -> str:
         return cls.model_type.removeprefix("damcha_")
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        # transformers warns that a checkpoint of another `model_type` "is not supported and can yield errors"; this
+        # family's stock checkpoint is what the class converts (`from_dict` refuses every other architecture).
+        with _quiet_stock_model_type_warning(cls):
+            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
@@ -178,8 +262,27 @@ class DamchaConfigMixin:
         result = super().from_dict(config_dict, **kwargs)
         # transformers sets the keyword overrides of `from_pretrained(folder, metric_context=...)` with `setattr`
         # after the config was built and validated: validate again so that no override skips it.
-        (result[0] if isinstance(result, tuple) else result).validate()
+        (result[0] if isinstance(result, tuple) else result).check_damcha_fields()
         return result
+
+
+@contextlib.contextmanager
+def _quiet_stock_model_type_warning(config_class):
+    """Drop transformers' model-type mismatch warning for `config_class`'s own stock `model_type` only."""
+    expected = (
+        f"You are using a model of type `{config_class.stock_model_type()}` to instantiate a model of type "
+        f"`{config_class.model_type}`."
+    )
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(expected)
+
+    logger = logging.getLogger("transformers.configuration_utils")
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
 
 
 def _with_variant_fields(mixin: type) -> type:

@@ -15,11 +15,19 @@ import functools
 import warnings
 
 from torch import nn
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, logging
 
 from .cross_head_variant import LAYER_MODULE, STACK_MODULE
-from .dispatch import attn_implementation_for, register_output_recording
+from .damcha_config import VARIANT_FIELDS as VARIANT_FIELD_NAMES
+from .damcha_config import config_keywords, variant_option_refusal
+from .dispatch import attn_implementation_for
+from .transformers_releases import register_output_recording
 from .variants import DEFAULT_VARIANT, VARIANTS, variant_of
+
+_logger = logging.get_logger(__name__)
+# While `from_pretrained` loads a stock checkpoint into a DAMCHA class (a conversion): the list that collects the new
+# weights of the variant.
+_CONVERTING_STOCK_CHECKPOINT = contextvars.ContextVar("damcha_converting_stock_checkpoint", default=None)
 
 
 def _code_reference(cls: type) -> str:
@@ -100,14 +108,26 @@ class DamchaPreTrainedMixin:
     damcha_attention_class: type
     damcha_layer_stack: bool = False
     damcha_stack_container: bool = False
+    damcha_stack_in_container: bool = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        if "__init__" not in cls.__dict__:
+            cls.__init__ = _init_registering_base_model(cls)
         # Every model class reports its variant's auxiliary loss (MoA's load balancing) from its own forward, the
         # stock one it inherits included; the family's `*PreTrainedModel` has none (its subclasses' stock bases do).
         forward = cls.forward
         if forward is not nn.Module.forward and not getattr(forward, "reports_auxiliary_loss", False):
             cls.forward = forward_reporting_auxiliary_loss(forward)
+        # The layer stacks a container of stacks holds (BART's encoder and decoder) leave the reporting to it; marked
+        # here, as a class attribute, whichever of the two classes is defined first.
+        if DamchaPreTrainedMixin not in cls.__bases__:
+            family = cls._family_pretrained_class()
+            classes = [family, *_subclasses(family)]
+            if any(other.__dict__.get("damcha_stack_container") for other in classes):
+                for other in classes:
+                    if other.__dict__.get("damcha_layer_stack"):
+                        other.damcha_stack_in_container = True
 
     @classmethod
     def stack_cross_head_metric(cls, config) -> nn.Module | None:
@@ -121,10 +141,39 @@ class DamchaPreTrainedMixin:
     _supports_flash_attn = True
     _supports_flex_attn = True
 
+    @classmethod
+    def _register_base_model(cls, config) -> None:
+        """Make `AutoModel.from_config(config)` build this family's DAMCHA base model for `config`'s class.
+
+        The plugin registers its own config classes. Remote code loads the config from one copy of the model files and
+        the model from another (transformers names each copy by a hash of the files it imports), so the config class a
+        head receives is registered nowhere, and `AutoModel` would ask whether to run the checkpoint's code again."""
+        from transformers import AutoModel
+
+        config_class = type(config)
+        if (
+            getattr(config_class, "model_type", None) != cls.config_class.model_type
+            or config_class in AutoModel._model_mapping
+        ):
+            return
+        base = cls._family_base_model_class()
+        if base is not None:
+            AutoModel.register(config_class, base, exist_ok=True)
+
+    @classmethod
+    def _family_base_model_class(cls) -> type | None:
+        """This family's base model class (`DamchaLlamaModel`): the DAMCHA class of the model transformers' `AutoModel`
+        maps the stock `model_type` to, among the family's classes."""
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+        stock_name = MODEL_MAPPING_NAMES.get(cls.config_class.model_type.removeprefix("damcha_"))
+        family = cls._family_pretrained_class()
+        return next((sub for sub in _subclasses(family) if stock_class_of(sub).__name__ == stock_name), None)
+
     def post_init(self):
         # A config is validated when it is created, but fields set afterwards (`config.metric_context = ...`) are
-        # not: check it again before any DAMCHA layer exists.
-        self.config.validate()
+        # not: check the DAMCHA fields again before any DAMCHA layer exists (the stock fields as the stock model does).
+        self.config.check_damcha_fields()
         self._adopt_stock_layers()
         super().post_init()
 
@@ -173,6 +222,17 @@ class DamchaPreTrainedMixin:
         std = getattr(self.config, "initializer_range", None) or getattr(self.config, "init_std", 0.02)
         init_cross_head_weights(module, std=std)
 
+    def _set_gradient_checkpointing(self, *args, **kwargs):
+        # transformers gives every checkpointed module a fresh checkpointing function here; the variant adapts each
+        # (MoA hands its router losses out of the checkpointed layer).
+        super()._set_gradient_checkpointing(*args, **kwargs)
+        variant = variant_of(self.config)
+        for module in self.modules():
+            if hasattr(module, "gradient_checkpointing") and "_gradient_checkpointing_func" in module.__dict__:
+                module._gradient_checkpointing_func = variant.checkpointing_function(
+                    module._gradient_checkpointing_func, module
+                )
+
     def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, **kwargs):
         # The variant's backends: eager by default for one that mixes the score maps, a refusal naming the fix for a
         # backend it cannot run on (score mixing, DAMCHA's wider "query" heads).
@@ -201,16 +261,44 @@ class DamchaPreTrainedMixin:
         # refuse it, or, when the caller asked for the loading info (as transformers' own tests and tools do), report
         # it there with a warning. (Converting a stock checkpoint, which has none, is the intended way to start.)
         wants_loading_info = kwargs.pop("output_loading_info", False)
-        model, loading_info = super().from_pretrained(
-            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
-        )
+        cls._check_variant_options(pretrained_model_name_or_path, kwargs)
+        saved_type = _saved_config(cls.config_class, pretrained_model_name_or_path, kwargs).get("model_type")
+        converting = saved_type == cls.config_class.stock_model_type()
+        # A stock checkpoint has none of the variant's weights, by design: they start at exact multi-head attention.
+        # transformers' report would list each of them as MISSING; one line says what happened instead.
+        new_weights = []  # the variant's weights the stock checkpoint lacks, kept out of transformers' report
+        scope = _CONVERTING_STOCK_CHECKPOINT.set(new_weights if converting else None)
+        try:
+            model, loading_info = super().from_pretrained(
+                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+            )
+        finally:
+            _CONVERTING_STOCK_CHECKPOINT.reset(scope)
         variant = variant_of(model.config)
+        if new_weights:  # asked for, the loading info still lists them
+            missing_keys = loading_info["missing_keys"]
+            loading_info["missing_keys"] = type(missing_keys)([*missing_keys, *new_weights])
+        if converting:
+            start = (
+                "the metric generator starts at the identity (C = I), so the outputs are the stock model's until it "
+                "trains"
+                if variant.name == DEFAULT_VARIANT
+                else f"the {variant.parameter_kind} weights start at their initial value"
+            )
+            _logger.warning(
+                f"{cls.__name__}: converted from stock `{saved_type}` ({str(pretrained_model_name_or_path)!r}); every "
+                f"weight kept, {start}."
+            )
         own_modules = (f"{STACK_MODULE}.", f"{LAYER_MODULE}.")
         missing = sorted(key for key in loading_info["missing_keys"] if any(name in key for name in own_modules))
         if missing:
             saved = _saved_config(cls.config_class, pretrained_model_name_or_path, kwargs)
             saved_variant = saved.get("cross_head_variant", DEFAULT_VARIANT)
-            if str(saved.get("model_type", "")).startswith("damcha_") and saved_variant == variant.name:
+            if not (str(saved.get("model_type", "")).startswith("damcha_") and saved_variant == variant.name):
+                # A checkpoint without this variant's weights (a stock one, or another variant's) is converted, as
+                # `convert_to_damcha` converts: ColMHA's compression is fitted to its weights, MoA's sparse start said.
+                variant.after_conversion(model, None, caller=f"{cls.__name__}.from_pretrained")
+            else:
                 message = (
                     f"{cls.__name__}.from_pretrained({str(pretrained_model_name_or_path)!r}): this "
                     f"`cross_head_variant={variant.name!r}` checkpoint lacks {variant.parameter_kind} weights "
@@ -223,6 +311,29 @@ class DamchaPreTrainedMixin:
                     raise ValueError(message)
                 warnings.warn(message, stacklevel=2)
         return (model, loading_info) if wants_loading_info else model
+
+    @classmethod
+    def _check_variant_options(cls, pretrained_model_name_or_path, kwargs) -> None:
+        """Refuse, before any weight is read, a keyword argument of `from_pretrained` that misspells a variant field
+        (transformers would hand it to the model's `__init__`, which rejects it with a bare `TypeError`) or belongs to
+        another variant than the one loaded (the config would keep it, and nothing read it)."""
+        caller = f"{cls.__name__}.from_pretrained"
+        variant = kwargs.get("cross_head_variant")
+        if variant is None and any(name in VARIANT_FIELD_NAMES for name in kwargs):
+            saved = _saved_config(cls.config_class, pretrained_model_name_or_path, kwargs)
+            stock = saved.get("model_type") == cls.config_class.stock_model_type()
+            variant = saved.get("cross_head_variant", cls.config_class.cross_head_variant if stock else None)
+        refusal = variant_option_refusal(caller, kwargs, config_keywords(cls.config_class), variant=variant)
+        if refusal:
+            raise ValueError(refusal)
+
+    def _adjust_missing_and_unexpected_keys(self, loading_info) -> None:
+        super()._adjust_missing_and_unexpected_keys(loading_info)
+        new_weights = _CONVERTING_STOCK_CHECKPOINT.get()
+        if new_weights is not None:  # the variant's own weights, new by design; any other stays reported
+            own_modules = (f"{STACK_MODULE}.", f"{LAYER_MODULE}.")
+            new_weights += sorted(key for key in loading_info.missing_keys if any(name in key for name in own_modules))
+            loading_info.missing_keys = {key for key in loading_info.missing_keys if key not in new_weights}
 
     def _defining_class(self) -> type:
         """The model class as the modeling files define it. FSDP2's `fully_shard` re-classes a model as
@@ -263,31 +374,48 @@ def forward_with_cross_head_metric(stock_forward):
     return forward
 
 
-# Set while a model's forward collects its variant's auxiliary loss: the models it calls inside (a head's base model,
-# BART's encoder) leave the reporting to it.
-_AUXILIARY_LOSS_SCOPE = contextvars.ContextVar("damcha_auxiliary_loss_scope", default=False)
+def _init_registering_base_model(cls: type):
+    """`cls`'s stock `__init__` (the next one in its MRO after the DAMCHA classes), run after registering the family's
+    base model for the config's class: the stock generic heads (sequence and token classification, question answering)
+    build their base model with `AutoModel.from_config(config)` inside it. It keeps the stock signature
+    (`functools.wraps`), which transformers reads (ViTModel's `use_mask_token` in its model tests)."""
+    stock_init = next(
+        klass.__dict__["__init__"]
+        for klass in cls.__mro__
+        if "__init__" in klass.__dict__ and not issubclass(klass, DamchaPreTrainedMixin)
+    )
+
+    @functools.wraps(stock_init)
+    def __init__(self, config, *args, **kwargs):
+        type(self)._register_base_model(config)
+        # Looked up per call, as the MRO gives it, so that a stock `__init__` replaced after import is the one that runs.
+        super(DamchaPreTrainedMixin, self).__init__(config, *args, **kwargs)
+
+    return __init__
 
 
 def forward_reporting_auxiliary_loss(forward):
     """A model class's `forward` (whose signature it keeps) that, for a variant whose layers record a loss
     (`reports_auxiliary_loss`: MoA), reports it as the output's `aux_loss` and adds it to `loss` when there is one
     (labels were given), as transformers' mixture-of-experts models do; so the Trainer, which reads `loss`, trains with
-    it. Any other variant calls `forward` as it is."""
+    it. Any other variant calls `forward` as it is.
+
+    A model called inside another (a head's base model) reports too: it forgets only what its own layers recorded,
+    before they run again, and has no `loss` to add to, so the outer model's `loss` counts each layer once. An
+    encoder-decoder's encoder and decoder leave it to their container: `generate` keeps the encoder's output and
+    repeats each of its tensors per beam, which a scalar loss cannot be. Nothing is kept between calls but what the
+    layers record, so the forward compiles into one graph."""
 
     @functools.wraps(forward)
     def reporting_forward(self, *args, **kwargs):
         variant = variant_of(self.config)
-        if not variant.reports_auxiliary_loss or _AUXILIARY_LOSS_SCOPE.get():
+        if not variant.reports_auxiliary_loss or self.damcha_stack_in_container:
             return forward(self, *args, **kwargs)
         as_tuple = kwargs.get("return_dict") is False
         if as_tuple:  # the loss is added to the named output, then laid out as the stock tuple
             kwargs["return_dict"] = True
-        scope = _AUXILIARY_LOSS_SCOPE.set(True)
-        try:
-            variant.clear_auxiliary_loss(self)
-            output = forward(self, *args, **kwargs)
-        finally:
-            _AUXILIARY_LOSS_SCOPE.reset(scope)
+        variant.clear_auxiliary_loss(self)
+        output = forward(self, *args, **kwargs)
         auxiliary_loss = variant.auxiliary_loss(self)
         if auxiliary_loss is not None and isinstance(output, ModelOutput):
             if output.get("loss") is not None:

@@ -34,7 +34,7 @@ first and then masked, and after the softmax the masked entries are zero in ever
 
 **KV cache.** The key-wise weights of a position (`Rk`, `Wk`, `gk` for both maps: `2 (2R + 1)` numbers per head) are
 computed once, when the position is new, and stored per head alongside its key: `key_weights` has the key's layout
-`(batch, H, seq, 2 (2R + 1))` and `dispatch.cross_head_attention` concatenates it to the key along the last
+`(batch, H, seq, 2 (2R + 1))` and `dispatch.cross_head_attention_inputs` concatenates it to the key along the last
 dimension before the cache update and splits it off after, so every cache class (dynamic, static, beam reordering,
 cropping) carries it without changes.
 

@@ -51,17 +51,18 @@ X m_i(X) X^T".
   the keys, and ``"query"`` weights query ``t`` by ``C(x_t)``. At ``G = 0``, ``C = I`` and it is MHA too.
 
 Every context hands ordinary ``(query, key, value)`` tensors to the attention functions of transformers, so eager,
-SDPA and the other backends apply unchanged; ``dispatch.cross_head_attention`` is the entry point the models call, and
+SDPA and the other backends apply unchanged; ``dispatch.cross_head_attention_inputs`` is the entry point the models call, and
 ``autograd.py`` holds the optional memory-saving functions used here.
 
-This file imports only torch: it is copied next to the weights of a saved checkpoint (remote code).
+This file imports torch and its sibling files `autograd.py` and `metric_choices.py` (never the variant declaration): it
+is copied next to the weights of a saved checkpoint (remote code).
 """
 
 import torch
 from torch import nn
 
 from .autograd import RecomputedGeneratorMLP, SequenceMixedKeyProjection, TokenMixedKeyProjection
-from .variant_damcha import METRIC_CONTEXTS, METRIC_MASKS
+from .metric_choices import METRIC_CONTEXTS, METRIC_MASKS
 
 
 class MetricOutputLayer(nn.Linear):

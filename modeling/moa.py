@@ -99,6 +99,36 @@ def model_router_loss(model: nn.Module) -> torch.Tensor | None:
     return torch.stack(losses).mean() if losses else None
 
 
+def checkpoint_carrying_router_losses(checkpoint, layer: nn.Module):
+    """`checkpoint` (the checkpointing function transformers gives `layer`) made to hand the router losses of `layer`
+    out as outputs of the checkpointed function.
+
+    Reentrant checkpointing runs the layer's first forward without autograd and keeps a graph only for the tensors the
+    function returns; a loss the routers merely record would then carry no gradient, and the recomputation in the
+    backward pass comes too late to count. As outputs, the losses get their gradient from the recomputation."""
+
+    def checkpointed(function, *args, **kwargs):
+        routers = [module for module in layer.modules() if isinstance(module, HeadRouter)]
+        if not routers:
+            return checkpoint(function, *args, **kwargs)
+        layout = {}
+
+        def layer_and_router_losses(*inner_args, **inner_kwargs):
+            output = function(*inner_args, **inner_kwargs)
+            layout["single"] = isinstance(output, torch.Tensor)
+            outputs = (output,) if layout["single"] else tuple(output)
+            layout["count"] = len(outputs)
+            return (*outputs, *(router.router_loss for router in routers))
+
+        results = checkpoint(layer_and_router_losses, *args, **kwargs)
+        outputs = results[: layout["count"]]
+        for router, loss in zip(routers, results[layout["count"] :], strict=True):
+            router.router_loss = loss
+        return outputs[0] if layout["single"] else tuple(outputs)
+
+    return checkpointed
+
+
 def clear_router_losses(model: nn.Module) -> None:
     """Forget what `model`'s routers recorded, so that a router the next forward does not run (a PEFT wrapper's
     frozen original) is not counted."""
@@ -107,4 +137,12 @@ def clear_router_losses(model: nn.Module) -> None:
             module.router_loss = None
 
 
-__all__ = ["HeadRouter", "balance_loss", "gate_heads", "init_moa", "model_router_loss", "selected_heads"]
+__all__ = [
+    "HeadRouter",
+    "balance_loss",
+    "checkpoint_carrying_router_losses",
+    "gate_heads",
+    "init_moa",
+    "model_router_loss",
+    "selected_heads",
+]

@@ -5,6 +5,9 @@
 This file imports only torch and its siblings: it is part of the remote-code payload.
 """
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -57,10 +60,12 @@ def score_mixing_attention(
     return attn_output, probabilities
 
 
-def score_mixing_cross_head_attention(
-    module, hidden_states, query, key, value, attention_mask, *, mixing, dropout, cache=None, key_states, **kwargs
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager attention whose score maps `mixing` mixes across heads, with the cache update.
+def score_mixing_attention_inputs(
+    module, hidden_states, query, key, value, *, mixing, cache=None, key_states, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Callable]:
+    """`(query, key, value, attention_function)` for eager attention whose score maps `mixing` mixes across heads,
+    after the cache update: `attention_function` is `score_mixing_attention` bound to `mixing` and its weights, in the
+    signature of transformers' attention functions, for the layer to call.
 
     `mixing` gives per-token weights (`dynamic_weights`, of the queries `hidden_states` and of the keys' tokens
     `key_states`) and mixes the maps before and after the softmax (`mix_logits`, `mix_probabilities`). Its key-side
@@ -71,17 +76,32 @@ def score_mixing_cross_head_attention(
     config = module.config
     if config._attn_implementation not in (None, "eager"):  # set on a built model, past the model's own check
         raise ValueError(variant_of(config).backend_refusal(config, config._attn_implementation))
-    # The attention function's other keyword arguments (a sliding window, which the mask already applies in eager
-    # attention) act through the mask; the soft-cap acts on the logits.
-    softcap = kwargs.pop("softcap", None)
     query_weights, key_weights = mixing.dynamic_weights(hidden_states, key_states)
     if key_weights is not None:
         key = torch.cat([key, key_weights.to(key.dtype)], dim=-1)
     if cache is not None:
-        key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
+        cache_kwargs = {name: option for name, option in kwargs.items() if name != "softcap"}
+        key, value = cache.update(key, value, module.layer_idx, kwargs=cache_kwargs)
     head_dim = value.shape[-1]
     if key.shape[-1] > head_dim:  # the key-side weights ride behind each key
         key, key_weights = key.split([head_dim, key.shape[-1] - head_dim], dim=-1)
+    return (
+        query,
+        key,
+        value,
+        functools.partial(
+            score_mixing_attention_function, mixing=mixing, query_weights=query_weights, key_weights=key_weights
+        ),
+    )
+
+
+def score_mixing_attention_function(
+    module, query, key, value, attention_mask, *, scaling, dropout=0.0, softcap=None, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`score_mixing_attention` as the layer calls an attention function. The function's other keyword arguments (a
+    sliding window, which the mask already applies in eager attention) act through the mask; the soft-cap acts on the
+    logits. `kwargs` carries the bound `mixing`, `query_weights` and `key_weights`."""
+    mixing, query_weights, key_weights = kwargs["mixing"], kwargs["query_weights"], kwargs["key_weights"]
     return score_mixing_attention(
         module,
         query,
@@ -91,7 +111,7 @@ def score_mixing_cross_head_attention(
         mixing=mixing,
         query_weights=query_weights,
         key_weights=key_weights,
-        scaling=module.scaling,
+        scaling=scaling,
         dropout=dropout,
         softcap=softcap,
     )

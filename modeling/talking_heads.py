@@ -15,7 +15,7 @@ layer computes exactly multi-head attention. The matrices are input-independent 
 baseline from DAMCHA and DCMHA). Row `i` is the output head, as for DAMCHA's `C_ij`.
 
 Because it mixes the `n x n` score maps, talking-heads attention cannot run on fused kernels (SDPA, flash, flex):
-`dispatch.cross_head_attention` runs it with `score_mixing_attention` in eager mode.
+`dispatch.cross_head_attention_inputs` hands the layer `score_mixing_attention` to run it with in eager mode.
 
 Written for this project from the paper; this file imports only torch and transformers
 (remote-code payload).

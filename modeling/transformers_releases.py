@@ -15,12 +15,25 @@ from transformers.cache_utils import EncoderDecoderCache
 from .damcha_config import TESTED_TRANSFORMERS
 
 
+def release_tuple(version: str) -> tuple[int, ...]:
+    """`"5.16.1"` -> `(5, 16, 1)`; a part that is not a plain number (`"0.dev0"`, `"0rc1"`) ends the tuple there, so
+    that a pre-release is not taken for the release it precedes."""
+    parts = []
+    for part in version.split(".")[:3]:
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts)
+
+
 def warn_if_untested_transformers(version: str = transformers.__version__) -> bool:
-    """Warn once when transformers is outside the releases CI runs. A pip install of the plugin keeps to them, but a
-    checkpoint's remote code runs on whatever transformers its user has. Returns whether it warned."""
-    minor = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
-    tested = [tuple(int(part) for part in release.split(".")[:2]) for release in TESTED_TRANSFORMERS]
-    if len(minor) == 2 and min(tested) <= minor <= max(tested):
+    """Warn once when transformers is outside the range the releases CI runs span (setup.cfg's range). A pip install
+    of the plugin keeps to it, but a checkpoint's remote code runs on whatever transformers its user has. Returns
+    whether it warned."""
+    release = release_tuple(version)
+    oldest, newest = release_tuple(TESTED_TRANSFORMERS[0]), release_tuple(TESTED_TRANSFORMERS[-1])
+    # From the oldest tested release itself (setup.cfg's lower bound) to any patch of the newest tested minor version.
+    if len(release) == 3 and oldest <= release and release[:2] <= newest[:2]:
         return False
     warnings.warn(
         f"DAMCHA models are tested with transformers {TESTED_TRANSFORMERS[0]} to {TESTED_TRANSFORMERS[-1]}, and this "
@@ -32,6 +45,18 @@ def warn_if_untested_transformers(version: str = transformers.__version__) -> bo
 
 
 warn_if_untested_transformers()
+
+
+def register_output_recording(model: torch.nn.Module) -> None:
+    """Register a model whose class changed after `PreTrainedModel.__init__` for transformers' output recording
+    (`output_attentions`, `output_hidden_states`), which looks up what to record by the model's class name.
+
+    The registry takes the model itself where it is a mapping of its own (5.25: it keys the entry by the model's
+    class), and the class name where it is a plain dict (5.22 and before)."""
+    from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+
+    keyed_by_model = type(_CAN_RECORD_REGISTRY).__setitem__ is not dict.__setitem__
+    _CAN_RECORD_REGISTRY[model if keyed_by_model else str(model.__class__)] = model._can_record_outputs
 
 
 def self_attention_cache(cache):

@@ -81,7 +81,7 @@ class CollaborativeAttention(CrossHeadVariant):
     def attended_key(self, module, key):
         return module.cross_head_mixing.shared_key(key)
 
-    def after_conversion(self, model, source) -> None:
+    def after_conversion(self, model, source, caller: str = "convert_to_damcha") -> None:
         from .colmha import CollaborativeMixing, reparametrize
 
         for layer in model.modules():

@@ -7,12 +7,7 @@ Part of the remote-code payload.
 
 from .config_rules import ConfigField, choice_rule, positive_int_rule
 from .cross_head_variant import ALL_BACKENDS, CrossHeadVariant
-
-METRIC_CONTEXTS = ("token", "sequence", "query")
-METRIC_MASKS = ("full", "diagonal", "offdiagonal")
-METRIC_FORMS = ("keys", "scores")
-METRIC_SHARINGS = ("stack", "layer")
-METRIC_INPUT_NORMS = ("none", "layernorm")
+from .metric_choices import METRIC_CONTEXTS, METRIC_FORMS, METRIC_INPUT_NORMS, METRIC_MASKS, METRIC_SHARINGS
 
 
 class Damcha(CrossHeadVariant):

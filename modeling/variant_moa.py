@@ -70,13 +70,13 @@ class MixtureOfAttentionHeads(CrossHeadVariant):
     def exact_start_fields(self, config) -> dict:
         return {"moa_top_k": config.num_attention_heads}  # every head kept: a zero router weights them all 1
 
-    def after_conversion(self, model, source) -> None:
+    def after_conversion(self, model, source, caller: str = "convert_to_damcha") -> None:
         from .moa import selected_heads
 
         config = model.config
         if selected_heads(config) < config.num_attention_heads:
             warnings.warn(
-                f"convert_to_damcha: with `moa_top_k={config.moa_top_k}` each token keeps {selected_heads(config)} of "
+                f"{caller}: with `moa_top_k={config.moa_top_k}` each token keeps {selected_heads(config)} of "
                 f"its {config.num_attention_heads} heads, so the converted model no longer computes what the source "
                 f"did (MoA's design: no sparse start is exact); pass `moa_top_k={config.num_attention_heads}` to start "
                 "as exactly the source.",
@@ -97,6 +97,11 @@ class MixtureOfAttentionHeads(CrossHeadVariant):
         from .moa import gate_heads
 
         return gate_heads(getattr(module, LAYER_MODULE), output, hidden_states)
+
+    def checkpointing_function(self, checkpoint, layer):
+        from .moa import checkpoint_carrying_router_losses
+
+        return checkpoint_carrying_router_losses(checkpoint, layer)
 
     def clear_auxiliary_loss(self, model) -> None:
         from .moa import clear_router_losses

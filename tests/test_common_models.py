@@ -12,6 +12,7 @@ Run with `python -m pytest -m common` (left out of the default suite for time).
 """
 
 import contextlib
+import inspect
 import unittest
 from unittest import mock
 
@@ -47,6 +48,11 @@ ids_tensor = upstream["test_modeling_common"].ids_tensor
 random_attention_mask = upstream["test_modeling_common"].random_attention_mask
 ConfigTester = upstream["test_configuration_common"].ConfigTester
 GenerationTesterMixin = upstream["test_modeling_common"].GenerationTesterMixin
+# Whether the mixin's gradient-checkpointing check tells a gradient of rounding size from a real one (see
+# `DamchaTesterMixin._classes_with_a_loss`).
+GRADIENT_CHECK_FILTERS_ROUNDING = "_fp_noise" in inspect.getsource(
+    ModelTesterMixin.check_training_gradient_checkpointing
+)
 
 
 def stock_class_of(model_class) -> type:
@@ -115,11 +121,17 @@ class DamchaTesterMixin(ModelTesterMixin):
 
         `loss_reaches_every_weight`: also leave out the double-heads model, whose `loss` is the language-modelling
         loss alone (the multiple-choice loss comes separately, as `mc_loss`, as in stock GPT2DoubleHeadsModel), so
-        that its multiple-choice head gets no gradient from it.
+        that its multiple-choice head gets no gradient from it. Where the installed mixin's gradient-checkpointing
+        check takes a gradient of 0.0 in one run and of rounding size in the other for a mismatch (before transformers
+        fixed that flakiness, huggingface/transformers#48332; 5.16's check), also leave out the question-answering
+        heads: their output bias has a zero gradient in exact arithmetic (the softmax over positions cancels it), so
+        that check fails on them by rounding, at random.
         """
         left_out = set(MODEL_MAPPING_NAMES.values()) | (
             {"GPT2DoubleHeadsModel"} if loss_reaches_every_weight else set()
         )
+        if loss_reaches_every_weight and not GRADIENT_CHECK_FILTERS_ROUNDING:
+            left_out |= set(get_values(MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES))
         every_class = self.all_model_classes
         self.all_model_classes = tuple(c for c in every_class if stock_class_of(c).__name__ not in left_out)
         try:
@@ -151,16 +163,22 @@ class DamchaTesterMixin(ModelTesterMixin):
                         if stock_class_of(c).__name__ in stock_names}  # fmt: skip
         return mock.patch.dict(mapping_names, damcha_names)
 
-    def test_causal_lm_loss_honors_shift_labels(self):
-        # It also leaves out the heads whose stock class takes its labels unshifted (BartForCausalLM), by name.
-        unshifted = common_module.UNSHIFTED_LM_HEADS | {
-            c.__name__ for c in self.all_model_classes if stock_class_of(c).__name__ in common_module.UNSHIFTED_LM_HEADS
-        }
-        with (
-            self._listed_like_their_stock_classes(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
-            mock.patch.object(common_module, "UNSHIFTED_LM_HEADS", unshifted),
-        ):
-            super().test_causal_lm_loss_honors_shift_labels()
+    # Each override below exists only where the installed release's mixin has the test it wraps (transformers 5.16's
+    # has neither the shift-labels nor the partial-rotation test), so that no release runs a test upstream lacks.
+    if hasattr(ModelTesterMixin, "test_causal_lm_loss_honors_shift_labels"):
+
+        def test_causal_lm_loss_honors_shift_labels(self):
+            # It also leaves out the heads whose stock class takes its labels unshifted (BartForCausalLM), by name.
+            unshifted = common_module.UNSHIFTED_LM_HEADS | {
+                c.__name__
+                for c in self.all_model_classes
+                if stock_class_of(c).__name__ in common_module.UNSHIFTED_LM_HEADS
+            }
+            with (
+                self._listed_like_their_stock_classes(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+                mock.patch.object(common_module, "UNSHIFTED_LM_HEADS", unshifted),
+            ):
+                super().test_causal_lm_loss_honors_shift_labels()
 
     # The RoPE tests look for the base model (`LlamaModel`) by name; GPT-2 and ViT skip them (no RoPE).
     def test_model_rope_scaling_from_config_0_linear(self):
@@ -179,9 +197,11 @@ class DamchaTesterMixin(ModelTesterMixin):
         with self._listed_like_their_stock_classes(MODEL_MAPPING_NAMES):
             super().test_model_rope_scaling_frequencies()
 
-    def test_model_rope_with_partial_rotation(self):
-        with self._listed_like_their_stock_classes(MODEL_MAPPING_NAMES):
-            super().test_model_rope_with_partial_rotation()
+    if hasattr(ModelTesterMixin, "test_model_rope_with_partial_rotation"):
+
+        def test_model_rope_with_partial_rotation(self):
+            with self._listed_like_their_stock_classes(MODEL_MAPPING_NAMES):
+                super().test_model_rope_with_partial_rotation()
 
     @unittest.skip(
         "A DAMCHA checkpoint without its metric-generator weights is refused at load (DamchaPreTrainedMixin."

@@ -364,6 +364,21 @@ def test_lora_recipe_takes_eager_attention_for_gemma2_and_refuses_sdpa(tmp_path,
     assert exit_info.value.code == 2 and "--attn sdpa: Gemma 2 models run eager" in capsys.readouterr().err
 
 
+def test_a_stock_gemma2_on_sdpa_converts_to_eager_and_equals_the_stock_model_in_eager():
+    """Stock Gemma 2 ran SDPA by default before transformers 5.22 (dropping the soft-cap), which DAMCHA Gemma 2
+    refuses: its conversion takes eager attention, and equals the stock model in eager, which soft-caps."""
+    stock = stock_lm("gemma2").double()
+    ids = tokens()
+    with torch.no_grad():
+        expected = stock(ids).logits
+        stock.config._attn_implementation = "sdpa"  # as the stock default set it before 5.22
+        damcha = damcha_hf.convert_to_damcha(stock)
+        got = damcha(ids).logits
+    assert damcha.config._attn_implementation == "eager"
+    assert stock.config.attn_logit_softcapping is not None
+    torch.testing.assert_close(got, expected, rtol=100 * torch.finfo(torch.float32).eps, atol=1e-10)
+
+
 # --- the Hub card, push and inspect -----------------------------------------------------------------------------------
 
 

@@ -4,16 +4,21 @@ A new family plugs in by adding a `FamilyCase` (a tiny stock config and its inpu
 declaration lists, every metric context it offers and every cross-head variant (`CROSS_HEAD_VARIANTS`, DAMCHA in each
 `metric_form`) is then checked against the stock transformers class it converts from: conversion and loading a stock
 checkpoint are exact at the MHA start, and the variant's parameters change the outputs once moved; eager equals SDPA;
-the attention maps are probability maps; save/load through the Auto class round-trips exactly; gradient checkpointing
-gives the same gradients; a checkpoint loads as remote code without the plugin. Causal families also, for every
+the attention maps are probability maps; save/load through the Auto class round-trips exactly; loading a stock
+checkpoint with a variant's options equals `convert_to_damcha`; a load in float32, bfloat16 or float64 has every tensor
+in that dtype (as the stock model has), float64 exactly; both gradient-checkpointing modes give the gradients and
+auxiliary loss of none; a `torch.compile(fullgraph=True)` forward is one graph; every head's checkpoint loads as remote
+code without the plugin; a misspelt or another variant's option is refused in one line. Causal families also, for every
 variant: generation with a dynamic or static cache equals generation without one and one full forward pass, future
 tokens leave past logits alone, and a left-padded batch generates what each row generates alone. The comparisons run
 in float64 (`FLOAT64`, `tolerance`). Per-family files (test_gpt2.py, test_llama.py, test_vit.py, test_bart.py) keep
 what is specific to one architecture.
 """
 
+import dataclasses
 import functools
 import json
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +26,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 import transformers
-from conftest import TINY_VIT, randomize_cross_head, tiny_bart_config, tiny_gpt2_config, tiny_llama_config
+from conftest import (
+    TINY_VIT,
+    disable_activation_checkpointing,
+    enable_activation_checkpointing,
+    randomize_cross_head,
+    tiny_bart_config,
+    tiny_gpt2_config,
+    tiny_llama_config,
+)
 from test_remote_code import load_checkpoints_in_fresh_process
 from tiny_decoders import tiny_stock_config
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -117,6 +130,8 @@ def setting_backends(name: str, variant: str, form: str) -> tuple[str, ...]:
 
 
 SETTINGS = [(name, *setting) for name in CASES for setting in family_settings(name)]
+# Every family with every variant at its defaults (DAMCHA in its first form and the family's first context).
+VARIANT_SETTINGS = [(name, variant) for name in CASES for variant in CROSS_HEAD_VARIANTS]
 CAUSAL_SETTINGS = [setting for setting in SETTINGS if is_decoder_only(setting[0])]
 CAUSAL_SETTING_BACKENDS = [(*setting, attn) for setting in CAUSAL_SETTINGS for attn in setting_backends(*setting[:3])]
 CAUSAL_CONTEXTS = [(name, context) for name, context in CONTEXTS if is_decoder_only(name)]
@@ -271,7 +286,9 @@ def trained_model(name: str, head: DamchaHead | None = None, attn: str | None = 
 
 
 def setting_options(variant: str, form: str, context: str) -> dict:
-    return {"cross_head_variant": variant, "metric_form": form, "metric_context": context}
+    """The conversion's options: DAMCHA's form and context for DAMCHA only (another variant refuses them)."""
+    metric = {"metric_form": form, "metric_context": context} if variant == "damcha" else {}
+    return {"cross_head_variant": variant, **metric}
 
 
 def test_every_family_has_a_case_and_a_consistent_declaration():
@@ -342,6 +359,85 @@ def test_every_cross_head_variant_converts_exactly_and_its_parameters_change_the
     assert ((moved - expected)[kept].abs().max() > 10 * within["atol"]) == has_cross_head_parameters(damcha)
 
 
+# The families whose stock config declares the head width (`head_dim`) apart from `hidden_size / num_attention_heads`.
+HEAD_DIM_SETTINGS = [
+    (name, variant)
+    for name, case in CASES.items()
+    if "head_dim" in {field.name for field in dataclasses.fields(type(case.stock_config()))}
+    for variant in CROSS_HEAD_VARIANTS
+]
+
+
+def test_the_families_with_a_free_head_width_are_the_grouped_query_decoders_that_declare_one():
+    assert sorted({name for name, _ in HEAD_DIM_SETTINGS}) == ["gemma2", "llama", "mistral", "qwen3"]
+
+
+# (hidden_size, num_attention_heads, head_dim): 8 heads of width 16 on a width 8 does not divide (stock Qwen3 runs it;
+# the other families' stock configs refuse it), and 4 heads of width 16 on a width of 32 (every one of them runs it).
+HEAD_WIDTHS = [(36, 8, 16), (32, 4, 16)]
+
+
+@pytest.mark.parametrize("shape", HEAD_WIDTHS, ids=str)
+@pytest.mark.parametrize("name, variant", HEAD_DIM_SETTINGS)
+def test_a_head_width_apart_from_the_model_width_converts_exactly_where_the_stock_model_runs(name, variant, shape):
+    """Where the stock config takes the shape, every variant converts and starts as the stock model; where it refuses
+    the shape, so does the DAMCHA config."""
+    hidden_size, heads, head_dim = shape
+    config = stock_config_for(name, variant).to_dict()
+    # Multi-head where the variant needs it, else two key/value heads (grouped-query attention).
+    kv_heads = heads if config["num_key_value_heads"] == config["num_attention_heads"] else 2
+    config.update(hidden_size=hidden_size, num_attention_heads=heads, head_dim=head_dim, num_key_value_heads=kv_heads)
+    stock_config_class = type(stock_config_for(name, variant))
+    # The stock attention the harness's configs ask for (eager for Gemma 2, whose SDPA drops the soft-cap before 5.22).
+    config["attn_implementation"] = stock_config_for(name, variant)._attn_implementation
+    try:
+        stock_config = stock_config_class(**config)
+    except Exception as refusal:  # the stock config's own validation
+        with pytest.raises(ValueError, match=re.escape(str(refusal.__cause__ or refusal).splitlines()[-1].strip())):
+            CASES[name].family.config_class(**config)
+        return
+    stock = CASES[name].family.task_head.stock_class(stock_config).eval().double()
+    exact_start = VARIANTS[variant].exact_start_fields(stock.config)
+    damcha = damcha_hf.convert_to_damcha(stock, **setting_options(variant, METRIC_FORMS[0], "token"), **exact_start)
+    assert (damcha.config.hidden_size, damcha.config.head_dim) == (hidden_size, head_dim)
+    inputs = CASES[name].inputs()
+    with torch.no_grad():
+        expected = first_output(stock(**inputs))
+        within = tolerance(name, stock.config._attn_implementation)
+        torch.testing.assert_close(first_output(damcha(**inputs)), expected, **within)
+        randomize_cross_head(damcha)  # and the variant's parameters act
+        moved = first_output(damcha(**inputs))
+    assert ((moved - expected).abs().max() > 10 * within["atol"]) == has_cross_head_parameters(damcha)
+
+
+# RoPE scalings set on a built config without the family's other RoPE keys (Phi-3's `partial_rotary_factor`), as
+# transformers' own RoPE-scaling tests set them: the stock model builds from such a config without validating it again.
+LATE_ROPE_SCALINGS = [{"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+                      {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}]  # fmt: skip
+ROTARY_FAMILIES = [name for name in CASES if hasattr(CASES[name].stock_config(), "rope_parameters")]
+
+
+@pytest.mark.parametrize("scaling", LATE_ROPE_SCALINGS, ids=lambda scaling: scaling["rope_type"])
+@pytest.mark.parametrize("name", ROTARY_FAMILIES)
+def test_a_config_changed_after_construction_builds_where_the_stock_model_builds(name, scaling):
+    """Building a model checks the DAMCHA fields again (they may have been set since), and leaves the stock fields to
+    the stock model, as the stock class does: the same RoPE, the same outputs."""
+    case = CASES[name]
+    stock_config = case.stock_config()
+    config = case.family.config_class(**stock_config.to_dict())
+    stock_config.rope_parameters, config.rope_parameters = dict(scaling), dict(scaling)
+    stock = case.family.task_head.stock_class(stock_config).eval().double()
+    damcha = case.family.task_head.model_class(config).eval().double()
+    damcha.load_state_dict(stock.state_dict(), strict=False)
+    inputs = case.inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(first_output(damcha(**inputs)), first_output(stock(**inputs)),
+                                   **tolerance(name, stock.config._attn_implementation))  # fmt: skip
+    config.num_key_value_heads = 1  # what DAMCHA's fields cannot run with, set on a built config: refused at build
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        case.family.task_head.model_class(config)
+
+
 @pytest.mark.parametrize("name, context", CONTEXTS)
 def test_loading_a_stock_checkpoint_keeps_every_weight_and_equals_the_stock_model(name, context, tmp_path):
     case = CASES[name]
@@ -357,6 +453,152 @@ def test_loading_a_stock_checkpoint_keeps_every_weight_and_equals_the_stock_mode
         torch.testing.assert_close(first_output(damcha(**in_float64(case.inputs()))),
                                    first_output(stock(**in_float64(case.inputs()))),
                                    **tolerance(name, stock.config._attn_implementation))  # fmt: skip
+
+
+# Each variant's own fields off their defaults (ColMHA compressed, so that its weights are fitted; MoA sparse, which
+# no conversion starts exactly from and which warns so). DAMCHA's form and context vary over the settings instead.
+VARIANT_OPTIONS = {
+    "damcha": {"metric_hidden_size": 12, "metric_mask": "diagonal", "metric_input_norm": "layernorm"},
+    "talking_heads": {},
+    "dcmha": {"dcmha_rank": 3},
+    "colmha": {"colmha_key_dim": 8},
+    "moa": {"moa_top_k": 2, "moa_balance_loss_coef": 0.05, "moa_z_loss_coef": 0.002},
+    "none": {},
+}
+
+
+def saved_options(variant: str, form: str, context: str) -> dict:
+    """What a save case builds its model with: the setting and every option of the variant off its default (DAMCHA
+    with one generator per layer too), so that a field lost on the way shows."""
+    own = {"metric_sharing": "layer", **VARIANT_OPTIONS["damcha"]} if variant == "damcha" else VARIANT_OPTIONS[variant]
+    return {**setting_options(variant, form, context), **own}
+
+
+def test_the_variant_options_cover_every_variant_field():
+    """Every field of every variant is saved and reloaded off its default by some save case of every family."""
+    assert VARIANT_OPTIONS.keys() == VARIANTS.keys()
+    for variant, options in VARIANT_OPTIONS.items():
+        assert set(options) <= set(VARIANTS[variant].fields), variant
+    for name in CASES:
+        saved = [saved_options(*setting) for case, _, *setting in SAVE_CASES if case == name]
+        for variant in VARIANTS.values():
+            for field, spec in variant.fields.items():
+                assert any(options.get(field, spec.default) != spec.default for options in saved), (name, field)
+
+
+MISSPELT_OPTIONS = {"cross_head_varient": "cross_head_variant", "metric_contex": "metric_context",
+                    "moa_topk": "moa_top_k", "colmha_keydim": "colmha_key_dim", "dcmha_ranks": "dcmha_rank"}  # fmt: skip
+
+
+def option_calls(tmp_path):
+    """Every call that takes variant options, as (its name in a refusal, options -> the call), on GPT-2 and Llama."""
+    gpt2, llama = transformers.GPT2LMHeadModel(tiny_gpt2_config()), transformers.LlamaForCausalLM(tiny_llama_config())
+    gpt2.save_pretrained(tmp_path / "gpt2")
+    return [
+        ("convert_to_damcha", lambda **options: damcha_hf.convert_to_damcha(gpt2, **options)),
+        ("convert_to_damcha", lambda **options: damcha_hf.convert_to_damcha(llama, **options)),
+        ("DamchaGPT2LMHeadModel.from_pretrained",
+         lambda **options: damcha_hf.DamchaGPT2LMHeadModel.from_pretrained(tmp_path / "gpt2", **options)),
+        ("DamchaGPT2Config", lambda **options: damcha_hf.DamchaGPT2Config(**options)),
+    ]  # fmt: skip
+
+
+def test_a_misspelt_variant_option_is_refused_naming_the_field_it_misspells(tmp_path):
+    for caller, call in option_calls(tmp_path):
+        for wrong, right in MISSPELT_OPTIONS.items():
+            variant = next((name for name, variant in VARIANTS.items() if right in variant.fields), "moa")
+            with pytest.raises(ValueError) as refusal:
+                call(cross_head_variant=variant, **{wrong: 3}) if wrong != "cross_head_varient" else call(
+                    **{wrong: variant}
+                )
+            message = str(refusal.value)
+            assert message == f"{caller}: unknown option `{wrong}`; did you mean `{right}`?", message
+
+
+def test_another_variants_field_is_refused_naming_the_variant_that_reads_it(tmp_path):
+    """`convert_to_damcha` and `from_pretrained` refuse a field, set off its default, that the variant they build does
+    not read (a config, which holds every variant's fields, takes it: a saved config of one variant loads as another)."""
+    for caller, call in option_calls(tmp_path)[:3]:
+        for variant in VARIANTS:
+            for owner in VARIANTS.values():
+                if owner.name == variant or not owner.fields:
+                    continue
+                field = next(iter(owner.fields))
+                given = {"metric_context": "query", "metric_hidden_size": 12}.get(field) or VARIANT_OPTIONS[owner.name][
+                    field
+                ]
+                with pytest.raises(ValueError) as refusal:
+                    call(cross_head_variant=variant, **{field: given})
+                message = str(refusal.value)
+                assert message.startswith(f"{caller}: `{field}` is a field of `cross_head_variant={owner.name!r}`")
+                assert f"(`cross_head_variant={variant!r}`)" in message and "\n" not in message
+    # At its default another variant's field changes nothing (a saved config carries every variant's fields).
+    for _, call in option_calls(tmp_path)[:3]:
+        assert (
+            call(cross_head_variant="damcha", colmha_key_dim=None, moa_top_k=None, dcmha_rank=2).config.dcmha_rank == 2
+        )
+    # Without `cross_head_variant`, the variant is the checkpoint's (a stock one: the default, DAMCHA).
+    with pytest.raises(ValueError, match="`moa_top_k` is a field of `cross_head_variant='moa'`"):
+        option_calls(tmp_path)[2][1](moa_top_k=2)
+    # A stock config field, and a variant's own, keep working.
+    config = damcha_hf.DamchaGPT2Config(cross_head_variant="colmha", colmha_key_dim=8, num_labels=5, n_embd=48)
+    assert (config.colmha_key_dim, config.num_labels, config.n_embd) == (8, 5, 48)
+
+
+# Every variant of the families whose attention projections differ in layout (GPT-2's fused Conv1D, Llama's grouped
+# q/k/v, ViT's query/key, Phi-3's fused qkv) in the default suite, the other families in the slow one.
+LAYOUT_VARIANT_SETTINGS = [
+    pytest.param(name, variant, marks=() if name in ("gpt2", "llama", "vit", "phi3") else pytest.mark.slow)
+    for name, variant in VARIANT_SETTINGS
+]
+
+
+@pytest.mark.parametrize("name, variant", LAYOUT_VARIANT_SETTINGS)
+def test_loading_a_stock_checkpoint_with_variant_options_is_convert_to_damcha(name, variant, tmp_path):
+    """`from_pretrained(<stock folder>, **options)` converts as `convert_to_damcha(stock, **options)` does: the same
+    weights (ColMHA's compression fitted to the checkpoint, the fit's error recorded on each layer), the same outputs
+    and the same warning (MoA keeping fewer heads than the source)."""
+    case = CASES[name]
+    head = case.family.task_head
+    options = {"cross_head_variant": variant, **VARIANT_OPTIONS[variant]}
+    stock = head.stock_class(stock_config_for(name, variant)).eval()
+    stock.save_pretrained(tmp_path)
+    warns = VARIANTS[variant].exact_start_fields(stock.config) != {}
+    with warnings.catch_warnings(record=True) as converting:
+        warnings.simplefilter("always")
+        converted = damcha_hf.convert_to_damcha(stock, **options).eval()
+        loaded = head.model_class.from_pretrained(tmp_path, **options).eval()
+    moa_warnings = [str(warning.message) for warning in converting if "moa_top_k" in str(warning.message)]
+    assert [message.split(": ", 1)[0] for message in moa_warnings] == (
+        ["convert_to_damcha", f"{head.model_class.__name__}.from_pretrained"] if warns else []
+    )
+    assert len({message.split(": ", 1)[1] for message in moa_warnings}) == (1 if warns else 0)
+    assert {key: getattr(loaded.config, key) for key in options} == options
+    assert loaded.state_dict().keys() == converted.state_dict().keys()
+    # A parameter that starts at random numbers (DAMCHA's generator input, DCMHA's projections: those that differ between
+    # two models built under other seeds) differs between two conversions; every other one is the same, and with the
+    # random ones copied over, so are the outputs.
+    starts = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        starts.append(head.model_class(converted.config).state_dict())
+    random_start = {key for key, tensor in starts[0].items()
+                    if ".cross_head_" in f".{key}" and not torch.equal(starts[1][key], tensor)}  # fmt: skip
+    assert bool(random_start) == (variant in ("damcha", "dcmha")), random_start
+    for key, tensor in converted.state_dict().items():
+        if key not in random_start:
+            assert torch.equal(loaded.state_dict()[key], tensor), key
+    with torch.no_grad():
+        for key in random_start:
+            loaded.get_parameter(key).copy_(converted.get_parameter(key))
+    fitted = [module.colmha_reparametrization_error for module in converted.modules()
+              if hasattr(module, "colmha_reparametrization_error")]  # fmt: skip
+    assert fitted == [module.colmha_reparametrization_error for module in loaded.modules()
+                      if hasattr(module, "colmha_reparametrization_error")]  # fmt: skip
+    assert bool(fitted) == (variant == "colmha") and all(0 < error < 1 for error in fitted)
+    inputs = case.inputs()
+    with torch.no_grad():
+        assert torch.equal(first_output(loaded(**inputs)), first_output(converted(**inputs)))
 
 
 # --- inference paths --------------------------------------------------------------------------------------------------
@@ -490,9 +732,7 @@ def test_left_padded_batch_generates_what_each_row_generates_alone(name, variant
 
 @pytest.mark.parametrize("name, head, variant, form, context", SAVE_CASES, ids=head_id)
 def test_save_and_load_through_the_auto_class_round_trips_exactly(name, head, variant, form, context, tmp_path):
-    # Every option off its default, so that a field lost on the way shows.
-    options = {**setting_options(variant, form, context), "metric_sharing": "layer", "metric_mask": "diagonal",
-               "metric_hidden_size": 12, "dcmha_rank": 3}  # fmt: skip
+    options = saved_options(variant, form, context)
     model = trained_model(name, head, dtype=torch.float32, **options)
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").is_file() and not list(tmp_path.glob("*.bin"))
@@ -512,6 +752,48 @@ def test_save_and_load_through_the_auto_class_round_trips_exactly(name, head, va
         assert torch.equal(first_output(loaded(**inputs)), first_output(model(**inputs)))
 
 
+@functools.cache
+def stock_tensor_dtypes(name: str, variant: str, dtype: torch.dtype, folder) -> dict[str, torch.dtype]:
+    """The dtype of every parameter and buffer of the family's stock task head loaded with `dtype` (some stay float32
+    whatever is asked, such as rotary frequencies)."""
+    stock = CASES[name].family.task_head.stock_class(stock_config_for(name, variant))
+    stock.save_pretrained(folder / f"stock-{name}-{variant}")
+    loaded = type(stock).from_pretrained(folder / f"stock-{name}-{variant}", dtype=dtype)
+    return {key: tensor.dtype for key, tensor in [*loaded.named_parameters(), *loaded.named_buffers()]}
+
+
+@pytest.mark.parametrize("name, variant", LAYOUT_VARIANT_SETTINGS)
+def test_a_load_in_each_dtype_has_every_tensor_in_it_and_float64_round_trips_exactly(name, variant, tmp_path):
+    """`from_pretrained(dtype=...)`: the variant's parameters and buffers in the dtype asked for, every other tensor in
+    the dtype the stock model gets; a float64 checkpoint loads without rounding."""
+    case = CASES[name]
+    head = case.family.task_head
+    options = {**setting_options(variant, METRIC_FORMS[0], case.contexts[0]), **VARIANT_OPTIONS[variant]}
+    # Built from its config (a conversion would fit ColMHA's compression, which a load does not), in float64, its
+    # cross-head parameters moved off their start.
+    config = case.family.config_class(**{**stock_config_for(name, variant).to_dict(), **options})
+    model = head.model_class(config).eval()
+    randomize_cross_head(model)
+    model = model.double()
+    model.save_pretrained(tmp_path / "damcha")
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        loaded = head.model_class.from_pretrained(tmp_path / "damcha", dtype=dtype)
+        stock = stock_tensor_dtypes(name, variant, dtype, tmp_path)
+        tensors = dict([*loaded.named_parameters(), *loaded.named_buffers()])
+        assert has_cross_head_parameters(loaded) == any(".cross_head_" in f".{key}" for key in tensors)
+        for key, tensor in tensors.items():
+            expected = dtype if ".cross_head_" in f".{key}" else stock[key]
+            assert tensor.dtype == expected, (key, tensor.dtype, dtype)
+    for key, tensor in model.state_dict().items():  # `loaded` is the float64 one
+        assert torch.equal(loaded.state_dict()[key], tensor), key
+    # The outputs to the rounding of what stays float32 in a float64 load (rotary frequencies, as in the stock model;
+    # `.to(torch.float64)` converted them in `model`).
+    inputs = in_float64(CASES[name].inputs())
+    with torch.no_grad():
+        torch.testing.assert_close(first_output(loaded.eval()(**inputs)), first_output(model(**inputs)),
+                                   **EAGER_FLOAT32_SOFTMAX)  # fmt: skip
+
+
 # --- training ---------------------------------------------------------------------------------------------------------
 
 
@@ -529,7 +811,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(name, context):
         }
 
     plain = gradients()
-    model.activation_checkpointing_enable()  # transformers 5's name for gradient_checkpointing_enable
+    enable_activation_checkpointing(model)
     layers = [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
     assert layers and all(layer.gradient_checkpointing for layer in layers)
     checkpointed = gradients()
@@ -541,12 +823,77 @@ def test_gradient_checkpointing_gives_the_same_gradients(name, context):
         torch.testing.assert_close(checkpointed[key], gradient, **within, msg=key)
 
 
+@pytest.mark.parametrize("name, variant", VARIANT_SETTINGS)
+def test_both_checkpointing_modes_give_the_gradients_and_auxiliary_loss_of_no_checkpointing(name, variant):
+    """Reentrant checkpointing runs each layer's first forward without autograd, so whatever a layer records on the
+    side (MoA's router loss) must still reach the loss with its gradient."""
+    model = trained_model(name, **setting_options(variant, METRIC_FORMS[0], CASES[name].contexts[0])).train()
+    inputs = in_float64(CASES[name].inputs())
+    labels = inputs["input_ids"] if CASES[name].family.causal else torch.tensor([0, 2])
+
+    def run():
+        model.zero_grad()
+        output = model(**inputs, labels=labels)
+        output.loss.backward()
+        gradients = {key: parameter.grad.clone() for key, parameter in model.named_parameters()
+                     if parameter.grad is not None}  # fmt: skip
+        return output, gradients
+
+    plain_output, plain = run()
+    reports = VARIANTS[variant].reports_auxiliary_loss
+    assert (getattr(plain_output, "aux_loss", None) is not None) == reports
+    cross_head = [key for key in plain if "cross_head_" in key]
+    assert bool(cross_head) == has_cross_head_parameters(model) and all(
+        plain[key].abs().max() > 0 for key in cross_head
+    )
+    within = tolerance(name, model.config._attn_implementation, variant=variant)
+    for reentrant in (False, True):
+        enable_activation_checkpointing(model, use_reentrant=reentrant)
+        output, checkpointed = run()
+        disable_activation_checkpointing(model)
+        assert checkpointed.keys() == plain.keys(), reentrant
+        torch.testing.assert_close(output.loss, plain_output.loss, **within)
+        if reports:
+            assert output.aux_loss.requires_grad, reentrant
+            torch.testing.assert_close(output.aux_loss, plain_output.aux_loss, **within)
+        for key, gradient in plain.items():
+            torch.testing.assert_close(checkpointed[key], gradient, **within, msg=f"{key} (reentrant: {reentrant})")
+
+
+# Every variant of two families in the default suite (dynamo traces each model for a few seconds), the rest in the slow.
+COMPILED_VARIANT_SETTINGS = [
+    pytest.param(name, variant, marks=() if name in ("gpt2", "llama") else pytest.mark.slow)
+    for name, variant in VARIANT_SETTINGS
+]
+
+
+@pytest.mark.parametrize("name, variant", COMPILED_VARIANT_SETTINGS)
+def test_every_variant_compiles_into_one_graph_with_the_eager_outputs(name, variant):
+    """`torch.compile(fullgraph=True)` (backend "eager": dynamo traces as for inductor, a graph break fails, without
+    inductor's C++ build) of a forward: the outputs and MoA's auxiliary loss equal the eager ones."""
+    from torch._dynamo.utils import counters
+
+    model = trained_model(name, **setting_options(variant, METRIC_FORMS[0], CASES[name].contexts[0]))
+    inputs = in_float64(CASES[name].inputs())
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad():
+        expected = model(**inputs)
+        compiled = torch.compile(model, fullgraph=True, backend="eager")(**inputs)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    torch.testing.assert_close(first_output(compiled), first_output(expected), **FLOAT64)
+    if VARIANTS[variant].reports_auxiliary_loss:
+        torch.testing.assert_close(compiled.aux_loss, expected.aux_loss, **FLOAT64)
+
+
 # --- remote code ------------------------------------------------------------------------------------------------------
 
 
 def test_checkpoints_load_with_remote_code_without_the_plugin(tmp_path):
-    """A checkpoint of each context each family offers, all loaded in one fresh interpreter without the plugin."""
-    checkpoints, expected = [], []  # expected: (family, context, its heads, its logits), one per checkpoint
+    """A checkpoint of each context each family offers, and each head's own checkpoint, all loaded in one fresh
+    interpreter without the plugin. A head's own checkpoint computes what the plugin's model computes (the generic heads
+    build their base model with `AutoModel.from_config`, which must resolve the config class remote code loaded)."""
+    checkpoints, expected = [], []  # expected: (family, what, its heads, its logits), one per checkpoint
     for name, case in CASES.items():
         task_head = case.family.task_head
         # Every head with an Auto class (remote code loads through one) that reads the task head's checkpoint: the
@@ -570,14 +917,24 @@ def test_checkpoints_load_with_remote_code_without_the_plugin(tmp_path):
                 assert not torch.allclose(first_output(stock(**inputs)), logits, atol=1e-5)
             checkpoints.append((folder, inputs, [head.auto_class for head in heads]))
             expected.append((name, context, heads, logits))
+        for head in case.family.heads:
+            if head is task_head or head.auto_class is None:  # covered above; loads by its own class, not remote code
+                continue
+            model = trained_model(name, head, dtype=torch.float32)
+            folder = tmp_path / head.model_class.__name__
+            model.save_pretrained(folder)
+            with torch.no_grad():
+                outputs = first_output(model(**inputs))
+            checkpoints.append((folder, inputs, [head.auto_class]))
+            expected.append((name, head.model_class.__name__, [head], outputs))
     reports = load_checkpoints_in_fresh_process(checkpoints, tmp_path / "fresh")
-    for (name, context, heads, logits), report in zip(expected, reports, strict=True):
+    for (name, what, heads, logits), report in zip(expected, reports, strict=True):
         assert report["damcha_hf_importable"] is False and report["plugin_modules"] == []
         for head in heads:
             module, class_name = report["classes"][head.auto_class]
             assert class_name == head.model_class.__name__ and module.startswith("transformers_modules."), name
             assert module.endswith("." + head.model_class.__module__.rsplit(".", 1)[-1])  # the copied model file
-        assert torch.equal(report["logits"], logits), (name, context)
+        assert torch.equal(report["logits"], logits), (name, what)
 
 
 # --- an architecture no family declares -------------------------------------------------------------------------------

@@ -224,7 +224,9 @@ def test_card_names_the_tested_transformers_releases_from_the_one_list():
 
     text = hub.build_model_card(tiny_lm()).text
     limitations = text.split("## Limitations")[1].split("##")[0]
-    tested = re.search(r"tested with the releases damcha-hf\s+supports \(transformers ([^)]*)\)", limitations)
+    tested = re.search(
+        r"tested with the releases damcha-hf's\s+continuous integration runs \(transformers ([^)]*)\)", limitations
+    )
     assert tested, limitations
     assert re.split(r", | and ", tested.group(1)) == list(TESTED_TRANSFORMERS)
 

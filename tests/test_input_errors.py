@@ -389,6 +389,8 @@ def test_config_errors_across_fields_and_of_stock_fields_are_one_line_value_erro
             fields = {**fields, "decoder_attention_heads": 4}
         if hasattr(config_class(), "num_key_value_heads") and width in fields:  # a preset's 8 would not divide 4
             fields = {**fields, "num_key_value_heads": 4}
+        if hasattr(config_class(), "head_dim") and width in fields:  # a head width of its own (Qwen3's 128) is free
+            fields = {**fields, "head_dim": fields[width] // fields[heads]}  # the width split into heads, truncated
         with pytest.raises(ValueError) as error:
             config_class(**fields)
         assert "\n" not in str(error.value) and all(text in str(error.value) for text in expected), str(error.value)
@@ -437,3 +439,32 @@ def test_every_module_of_the_package_is_a_lazy_attribute():
     assert set(damcha_hf.SUBMODULES) <= set(dir(damcha_hf))
     with pytest.raises(AttributeError, match="has no attribute 'no_such_module'"):
         damcha_hf.no_such_module  # noqa: B018
+
+
+@pytest.mark.parametrize("variant", CROSS_HEAD_VARIANTS)
+def test_info_prints_every_label_apart_from_its_value_in_one_column(variant, capsys):
+    """`moa_balance_loss_coef:0.01` ran a value into its label: every line is `label:` and at least one space, the
+    values in one column, each variant field's value the preset config's own (the oracle: the config itself)."""
+    from damcha_hf.families import presets
+
+    assert cli_main(["info", "gpt2-small", "--cross-head-variant", variant]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    parsed = [re.fullmatch(r"([^:\s][^:]*):( +)(\S.*)", line) for line in lines]
+    assert all(parsed), lines
+    columns = {len(match.group(1)) + 1 + len(match.group(2)) for match in parsed}
+    assert len(columns) == 1, lines
+    printed = {match.group(1): match.group(3) for match in parsed}
+    config = presets()["gpt2-small"][1](cross_head_variant=variant)
+    fields = ["cross_head_variant", *damcha_hf.modeling.variants.VARIANTS[variant].fields]
+    assert all(printed[field] == str(getattr(config, field)) for field in fields), printed
+
+
+def test_info_refuses_a_variant_for_a_checkpoint_folder_which_has_its_own(tmp_path, capsys):
+    """`--cross-head-variant` picks a preset's variant; on a checkpoint folder it would be ignored without a word."""
+    damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config()).save_pretrained(tmp_path / "ck")
+    capsys.readouterr()  # the save's progress bar
+    assert cli_main(["info", str(tmp_path / "ck"), "--cross-head-variant", "moa"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert f"--cross-head-variant applies to a preset; {tmp_path / 'ck'} is a checkpoint folder" in line
+    assert cli_main(["info", str(tmp_path / "ck")]) == 0
+    assert re.search(r"^cross_head_variant: +damcha$", capsys.readouterr().out, flags=re.MULTILINE)

@@ -25,6 +25,7 @@ from transformers.loss.loss_utils import ForCausalLMLoss
 
 import damcha_hf
 from damcha_hf.modeling.config_rules import DamchaConfigError
+from damcha_hf.modeling.moa import HeadRouter
 
 HIDDEN, HEADS, HEAD_DIM = 32, 4, 8
 EXACT = {"rtol": 1e-10, "atol": 1e-10}
@@ -228,3 +229,47 @@ def test_a_config_refuses_a_bad_value_in_one_line_naming_the_field(field, value,
     with pytest.raises(DamchaConfigError, match=field) as refusal:
         damcha_hf.DamchaGPT2Config(**{**TINY_GPT2, "cross_head_variant": "moa", field: value})
     assert words in str(refusal.value) and "\n" not in str(refusal.value)
+
+
+@torch.no_grad()
+def test_compiled_static_cache_generation_is_one_graph_with_the_eager_tokens():
+    """`generate` with a static cache compiles the decoding step with `fullgraph=True` (backend "eager": dynamo traces
+    as for inductor, and a graph break fails); the router's gating and loss recording trace with it."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    model = moa_lm()
+    randomize_cross_head(model, scale=0.5)
+    model.generation_config.eos_token_id = None
+    ids = tokens(batch=1, seq=5)
+    options = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    expected = model.generate(ids, **options)
+    compile_config = CompileConfig(fullgraph=True, backend="eager")
+    compile_config._compile_all_devices = True  # transformers compiles on GPUs only unless told otherwise
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = model.generate(ids, cache_implementation="static", compile_config=compile_config, **options)
+    assert counters["stats"]["unique_graphs"] >= 1 and counters["stats"]["calls_captured"] > 0
+    assert not counters["graph_break"]
+    assert torch.equal(compiled, expected)
+
+
+def test_an_encoder_decoder_generates_with_beams_and_reports_the_loss_of_both_stacks():
+    """`generate` repeats every tensor of the encoder's output per beam: the encoder leaves the loss to the model, which
+    reports the mean over the routers of both stacks."""
+    from conftest import tiny_bart_config
+    from transformers import BartForConditionalGeneration
+
+    stock = BartForConditionalGeneration(tiny_bart_config()).eval()
+    model = damcha_hf.convert_to_damcha(stock, cross_head_variant="moa", moa_top_k=HEADS).double()
+    randomize_cross_head(model, scale=0.5)
+    ids = tokens(seq=7)
+    with torch.no_grad():
+        beams = model.generate(ids, num_beams=2, num_return_sequences=2, max_new_tokens=4, min_new_tokens=4)
+        assert beams.shape[0] == 4
+        output = model(ids, decoder_input_ids=ids)
+        encoder_output = model.model.encoder(ids)
+    assert "aux_loss" not in encoder_output
+    routers = [module for module in model.modules() if isinstance(module, HeadRouter)]
+    assert any(isinstance(module, HeadRouter) for module in model.model.encoder.modules())
+    torch.testing.assert_close(output.aux_loss, torch.stack([router.router_loss for router in routers]).mean(), **EXACT)

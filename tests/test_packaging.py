@@ -172,15 +172,74 @@ def test_console_script_answers_at_once(argv):
 
 
 def test_the_lazy_public_names_are_every_model_files_classes():
-    """`damcha_hf`'s lazy name table lists each model file's public classes once more: it must not drift from them."""
+    """Every family's configuration and model file's public classes are public in `damcha_hf`, as the same objects:
+    the families are read from their declarations, so a family added there is checked too."""
     import importlib
 
     import damcha_hf
+    from damcha_hf.families import FAMILIES, NATIVE_FAMILIES
 
-    for family in ("gpt2", "llama", "vit", "vit_denoiser"):
-        for kind in ("configuration", "modeling"):
-            module = importlib.import_module(f"damcha_hf.modeling.{kind}_damcha_{family}")
+    families = (*FAMILIES, *NATIVE_FAMILIES)
+    assert len(families) == len({family.damcha_model_type for family in families}) >= 10
+    for family in families:
+        modules = {family.config_class.__module__, *(head.model_class.__module__ for head in family.heads)}
+        assert {module.rsplit(".", 1)[-1].split("_damcha_")[0] for module in modules} == {"configuration", "modeling"}
+        for module in map(importlib.import_module, modules):
             exported = [name for name in module.__all__ if name != "DAMCHA_FAMILY" and "PreTrained" not in name]
+            assert exported, module.__name__
             for name in exported:
                 assert name in damcha_hf.__all__, f"{module.__name__}.{name} is not public in damcha_hf"
                 assert getattr(damcha_hf, name) is getattr(module, name)
+
+
+def test_the_model_files_import_each_other_without_a_circle():
+    """The relative imports between the model files, those inside functions included, form no circle: a deferred
+    import that closes one would hide it from Python and not from a reader."""
+    import ast
+
+    imports = {}
+    for path in (REPO / "modeling").glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                found.update([node.module.split(".")[0]] if node.module else [alias.name for alias in node.names])
+        imports[path.stem] = found
+    assert {"metric", "variant_damcha", "dispatch"} <= imports.keys()
+
+    def circle_from(module, path):
+        if module in path:
+            return [*path[path.index(module) :], module]
+        return next(
+            filter(None, (circle_from(imported, [*path, module]) for imported in imports.get(module, ()))), None
+        )
+
+    for module in imports:
+        assert circle_from(module, []) is None
+
+
+def test_every_model_class_a_model_file_defines_is_a_declared_head_and_exported():
+    """A family's model classes are the heads its declaration lists: a DAMCHA class extending a model class the stock
+    transformers file exports, left out of the declaration, would be neither registered, converted to nor public. The
+    file's `__all__` is derived from the declaration, so every head is exported."""
+    import importlib
+
+    from damcha_hf.families import FAMILIES, NATIVE_FAMILIES
+
+    for family in (*FAMILIES, *NATIVE_FAMILIES):
+        heads = {head.model_class for head in family.heads}
+        (module_name,) = {cls.__module__ for cls in heads}
+        module = importlib.import_module(module_name)
+        assert len(heads) == len(family.heads) and module.__all__[0] == "DAMCHA_FAMILY"
+        assert {cls.__name__ for cls in heads} <= set(module.__all__)
+        assert all(getattr(module, name) is not None for name in module.__all__)
+        if family in NATIVE_FAMILIES:  # no stock file to read the model classes from
+            continue
+        stock = importlib.import_module(family.heads[0].stock_class.__module__)
+        stock_models = {getattr(stock, name) for name in stock.__all__}
+        # The stock base class every head extends (`BartPreTrainedModel`) is not a model of its own.
+        stock_models = {cls for cls in stock_models if not all(issubclass(head, cls) for head in heads)}
+        defined = {
+            value for value in vars(module).values() if isinstance(value, type) and value.__module__ == module_name
+        }
+        models = {cls for cls in defined if any(issubclass(cls, stock_model) for stock_model in stock_models)}
+        assert models == heads, (module_name, models ^ heads)

@@ -101,8 +101,13 @@ def test_damcha_layers_are_the_stock_layers_the_stock_init_built():
     assert extra and all(".cross_head_metric." in f".{key}" for key in extra)
 
 
-@pytest.mark.parametrize("stock_class", [LlamaForQuestionAnswering, LlamaForTokenClassification])
-def test_llama_question_answering_and_token_classification_convert_exactly(tmp_path, stock_class):
+@pytest.mark.parametrize("stock_class, fields", [
+    (LlamaForQuestionAnswering, ("start_logits", "end_logits")),
+    (LlamaForTokenClassification, ("logits",)),
+])  # fmt: skip
+def test_llama_question_answering_and_token_classification_convert_exactly(tmp_path, stock_class, fields):
+    """Every output field the head returns is compared, and the fields are named here, so that a renamed or added
+    field fails rather than leaving nothing to compare."""
     stock = stock_class(tiny_llama_config(num_labels=3)).eval()
     ids = torch.randint(3, 97, (2, 9))
     with torch.no_grad():
@@ -114,9 +119,9 @@ def test_llama_question_answering_and_token_classification_convert_exactly(tmp_p
         assert type(model).__name__ == f"Damcha{stock_class.__name__}"
         with torch.no_grad():
             out = model(ids)
-        for field in ("start_logits", "end_logits", "logits"):
-            if field in expected:
-                torch.testing.assert_close(out[field], expected[field], rtol=0, atol=1e-5)
+        assert tuple(expected.keys()) == tuple(out.keys()) == fields
+        for field in fields:
+            torch.testing.assert_close(out[field], expected[field], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("model_class, config_factory", [
@@ -160,8 +165,9 @@ def test_missing_generator_weights_are_loading_info_when_it_is_asked_for(tmp_pat
 def test_untested_transformers_releases_get_one_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert warn_if_untested_transformers("5.24.1") is False
-    for version in ("5.99.0", "5.22.0", "6.0.0.dev0"):
+        for version in ("5.16.1", "5.20.0", "5.25.3"):  # the oldest tested release, one between, a newer patch
+            assert warn_if_untested_transformers(version) is False
+    for version in ("5.99.0", "5.26.0", "5.16.0", "5.15.2", "6.0.0.dev0", "5.25.0rc1"):
         with pytest.warns(UserWarning, match=f"this is transformers {version}"):
             assert warn_if_untested_transformers(version) is True
 
@@ -186,3 +192,19 @@ def test_generating_past_gpt2_positions_names_the_limit():
         model.generate(prompt, max_new_tokens=7, do_sample=False)
     with pytest.raises(ValueError, match="shorten the prompt"):
         model.generate(torch.randint(3, 97, (1, 16)), max_new_tokens=1, do_sample=False)
+
+
+def test_every_damcha_model_class_takes_its_stock_classs_init_arguments():
+    """transformers reads a model's `__init__` signature (its model tests build ViTModel with `use_mask_token=True`
+    where the signature names it): each DAMCHA class's `__init__` shows its stock class's parameters."""
+    import inspect
+
+    from damcha_hf.families import FAMILIES
+
+    for family in FAMILIES:
+        for head in family.heads:
+            damcha, stock = head.model_class, head.stock_class
+            if stock is None:  # no transformers counterpart (the ViT denoiser)
+                continue
+            assert inspect.signature(damcha.__init__) == inspect.signature(stock.__init__), damcha.__name__
+    assert "use_mask_token" in inspect.signature(damcha_hf.DamchaViTModel.__init__).parameters

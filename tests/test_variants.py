@@ -114,7 +114,8 @@ def test_a_model_holds_its_variant_modules_and_nothing_else_beyond_the_stock_wei
     stock = GPT2LMHeadModel(tiny_gpt2_config())
     variant = VARIANTS[name]
     exact_start = variant.exact_start_fields(stock.config)
-    model = damcha_hf.convert_to_damcha(stock, cross_head_variant=name, metric_hidden_size=16, **exact_start)
+    own = {"metric_hidden_size": 16} if name == "damcha" else {}  # another variant refuses DAMCHA's fields
+    model = damcha_hf.convert_to_damcha(stock, cross_head_variant=name, **own, **exact_start)
     stack_module = getattr(model.transformer, STACK_MODULE)
     assert (stack_module is None) == (variant.stack_module(model.config) is None)
     layer_modules = [getattr(block.attn, LAYER_MODULE) for block in model.transformer.h]

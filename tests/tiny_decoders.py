@@ -41,6 +41,9 @@ STOCK_CONFIGS = {
             "sliding_window": WINDOW,
             "initializer_range": 0.5,
             "hidden_activation": "gelu_pytorch_tanh",
+            # Eager, where stock Gemma 2 soft-caps on every release: before transformers 5.22 it defaulted to SDPA,
+            # which drops the cap (the DAMCHA model refuses SDPA on every release).
+            "attn_implementation": "eager",
         },
     ),
 }

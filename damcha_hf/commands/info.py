@@ -19,6 +19,7 @@ PRESET_DESCRIPTIONS = {
     "gemma2-2b": "(Gemma-2-2B, GQA 8/4 heads of width 256, soft-capped, local/global)",
 }
 PRESETS = tuple(PRESET_DESCRIPTIONS)
+LABEL_WIDTH = 20  # the narrowest label column
 PRESET_HELP = ", ".join(f"{name} {description}" for name, description in PRESET_DESCRIPTIONS.items())
 
 
@@ -60,6 +61,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cross_head_variant and args.model not in PRESETS:  # a checkpoint's variant is the one it was saved with
+        raise ValueError(
+            f"--cross-head-variant applies to a preset; {args.model} is a checkpoint folder, whose own variant info "
+            "prints: leave --cross-head-variant out, or give a preset"
+        )
     import torch
     from transformers import AutoConfig, AutoModel
 
@@ -104,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         ("stock parameters", f"{total - generator:,}"),
         ("cross-head params", f"{generator:,} ({100 * generator / total:.3f}% of the model)"),
     ]
+    # One column of values, past the longest label (a variant's field names are longer than the rest).
+    width = max(LABEL_WIDTH, *(len(label) + 2 for label, _ in rows))
     for label, value in rows:
-        print(f"{label + ':':<20}{value}")
+        print(f"{label + ':':<{width}}{value}")
     return 0

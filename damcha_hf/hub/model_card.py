@@ -297,7 +297,11 @@ def build_model_card(
     )  # fmt: skip
     if comparison:
         sections.append(comparison_section(model_name, results, comparison))
-    limitations = STOCK_LIMITATIONS if stock else LIMITATIONS.format(tested=tested_releases())
+    limitations = (
+        STOCK_LIMITATIONS
+        if stock
+        else LIMITATIONS.format(tested=tested_releases(), family=family_of(model).display_name)
+    )
     sections.append(limitations + "".join(f"\n- {note}" for note in notes))
     if not stock:
         sections.append(
@@ -598,8 +602,8 @@ LIMITATIONS = """## Limitations
   trained the same way before relying on an improvement.
 - `C` is neither symmetric nor positive definite: the score is a learned bilinear form, not a true Mahalanobis
   metric (the paper says so too).
-- The model code extends transformers' GPT-2, Llama and ViT internals and was tested with the releases damcha-hf
-  supports ({tested}); other releases may change those internals.
+- The model code extends transformers' {family} internals and was tested with the releases damcha-hf's
+  continuous integration runs ({tested}); other releases may change those internals.
 - The model inherits the biases and failure modes of its training data and of any base checkpoint."""
 
 STOCK_LIMITATIONS = """## Limitations

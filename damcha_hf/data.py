@@ -11,7 +11,11 @@ Text:
     read_gcide_bytes(path, n)         the GCIDE dictionary's first `n` bytes (byte-level language modelling); the
                                       dictionary is read from $DAMCHA_GCIDE_PATH if set, else where Debian's
                                       `dict-gcide` puts it
+    load_dataset_splits(...)          `train` / `validation` of a dataset named as transformers' examples name it:
+                                      a Hub id, a local or `save_to_disk` folder, or txt/json/jsonl/csv/parquet
+                                      files; split and column checks; `streaming=True` gives iterable splits
     group_into_blocks(...)            tokenised, concatenated, cut into `block_size` blocks for causal LM
+    stream_into_blocks(...)           the same on the fly, for a stream
     check_tokenizer_matches_model(tokenizer, config)
 
 Images:
@@ -29,11 +33,13 @@ import ast
 import contextlib
 import glob
 import gzip
+import json
 import math
 import os
 import random
 import struct
 import sysconfig
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -412,6 +418,174 @@ def load_text_corpus(
     return _split_train_validation(dataset, validation_fraction, seed)
 
 
+def _offline_hint() -> str:
+    offline = data_sources.hub_offline()
+    return f" ({offline}=1)" if offline else ""
+
+
+def _load_named(name: str, config: str | None, streaming: bool):
+    """--dataset-name: a `save_to_disk` folder (`load_from_disk`), a local folder of data files or a Hub id
+    (`load_dataset`); a Hub id that cannot be reached is refused in one line."""
+    if data_sources.saved_dataset_folder(name):
+        loaded = datasets.load_from_disk(name)
+        if isinstance(loaded, datasets.Dataset):
+            loaded = datasets.DatasetDict(train=loaded)
+        if streaming:
+            loaded = datasets.IterableDatasetDict({split: rows.to_iterable_dataset() for split, rows in loaded.items()})
+        return loaded
+    try:
+        with _no_download_bars():
+            return datasets.load_dataset(name, config, streaming=streaming)
+    except (ValueError, FileNotFoundError, ConnectionError, OSError) as error:
+        if os.path.isdir(name):
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ValueError(f"--dataset-name {name}: `datasets` cannot read this folder ({first})") from None
+        raise ValueError(
+            f"--dataset-name {name}: not a local folder, and the Hub dataset cannot be loaded{_offline_hint()} "
+            f"({type(error).__name__}); check the id and the network, or give a local folder or --train-file"
+        ) from None
+
+
+def _load_files(train_file: str, validation_file: str | None, streaming: bool):
+    files = {"train": train_file, **({"validation": validation_file} if validation_file else {})}
+    builders = {data_sources.data_file_builder(path) for path in files.values()}
+    if len(builders) > 1:
+        raise ValueError(
+            f"--train-file {train_file} and --validation-file {validation_file} are of different kinds; give both "
+            "in one format (text, JSON lines, CSV or parquet)"
+        )
+    builder = builders.pop()
+    options = {"keep_linebreaks": True} if builder == "text" else {}
+    try:
+        with _no_download_bars():
+            return datasets.load_dataset(builder, data_files=files, streaming=streaming, **options)
+    except Exception as error:  # pyarrow's and the builders' own exceptions, many kinds: said in one line
+        if isinstance(error, (KeyboardInterrupt, MemoryError)):
+            raise
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        named = " and ".join(f"--{split}-file {path}" for split, path in files.items())
+        if "corresponds to no data" in text:
+            split = text.split('"')[1] if text.count('"') >= 2 else "train"
+            empty = f"--{split}-file {files.get(split, train_file)}"
+            raise ValueError(f"{empty}: the {split!r} split is empty (no rows); give a file holding data") from None
+        raise ValueError(f"{named}: `datasets` cannot read it as {builder} ({text})") from None
+
+
+def split_names(splits) -> list[str]:
+    return sorted(splits)
+
+
+def first_row(rows) -> dict | None:
+    """The first row of a `Dataset` or `IterableDataset`, or None when it has none."""
+    if isinstance(rows, datasets.Dataset):
+        return rows[0] if len(rows) else None
+    return next(iter(rows.take(1)), None)
+
+
+def columns_of(rows) -> list[str]:
+    """The columns of a `Dataset` or `IterableDataset` (a stream whose features are not known yet: its first row's)."""
+    if rows.column_names is not None:
+        return list(rows.column_names)
+    row = first_row(rows)
+    return list(row) if row else []
+
+
+def held_out_every(validation_fraction: float) -> int:
+    """One row in this many is held out for validation when a dataset has no validation split."""
+    return max(2, round(1 / validation_fraction))
+
+
+def row_hash(row: dict) -> int:
+    """A stable hash of a row's values (CRC-32 of its JSON), the same in every process and run."""
+    return zlib.crc32(json.dumps(row, sort_keys=True, default=repr).encode("utf-8"))
+
+
+def hold_out_rows(train, validation_fraction: float):
+    """(train, validation) of a split without a validation split. Read whole: every `held_out_every`-th row, from
+    the first, as run_clm takes a share. Streamed: the rows whose `row_hash` is a multiple of it: a stream's row
+    numbers restart in each process's share of its files (`split_dataset_by_node`), so a row's number would put it in
+    one process's training and in the validation of the whole; its content does not."""
+    every = held_out_every(validation_fraction)
+    if isinstance(train, datasets.Dataset):
+        indices = np.arange(len(train))
+        return train.select(indices[indices % every != 0]), train.select(indices[indices % every == 0])
+    return (
+        train.filter(lambda row: row_hash(row) % every != 0),
+        train.filter(lambda row: row_hash(row) % every == 0),
+    )
+
+
+def load_dataset_splits(
+    *,
+    dataset_name: str | None = None,
+    dataset_config_name: str | None = None,
+    train_file: str | None = None,
+    validation_file: str | None = None,
+    train_split: str = "train",
+    validation_split: str | None = None,
+    validation_fraction: float = 0.05,
+    streaming: bool = False,
+    columns: dict[str, str] | None = None,
+    share_flag: str | None = None,
+):
+    """Data named the way transformers' examples name it, as `train` and `validation` splits: a `DatasetDict`, or
+    with `streaming` an `IterableDatasetDict`.
+
+    `dataset_name`: a Hub id, a local folder of data files or a `save_to_disk` folder, with `dataset_config_name`;
+    its `train_split` and `validation_split` (default: `validation` where it has one). `train_file` (and
+    `validation_file`): txt, json/jsonl, csv or parquet, by extension. Without a validation split or file, one
+    training row in `held_out_every(validation_fraction)` is held out (`hold_out_rows`). `columns` (flag -> column) must exist; a
+    missing split, a missing column or an empty split is refused in one line naming what there is. `share_flag`,
+    the flag that set `validation_fraction` on the command line, is refused when the data have a validation split.
+    """
+    if bool(dataset_name) == bool(train_file):
+        raise ValueError("give --dataset-name or --train-file (one of them)")
+    source = f"--dataset-name {dataset_name}" if dataset_name else f"--train-file {train_file}"
+    if dataset_name:
+        loaded = _load_named(dataset_name, dataset_config_name, streaming)
+    else:
+        loaded = _load_files(train_file, validation_file, streaming)
+    if train_split not in loaded:
+        raise ValueError(f"{source} has no split {train_split!r} (--train-split); its splits are {split_names(loaded)}")
+    train = loaded[train_split]
+    if validation_split is not None and validation_split not in loaded:
+        raise ValueError(
+            f"{source} has no split {validation_split!r} (--validation-split); its splits are {split_names(loaded)}"
+        )
+    validation_split = validation_split or ("validation" if "validation" in loaded else None)
+    if validation_split == train_split:
+        raise ValueError(f"--validation-split {validation_split} is the training split; name another, or leave it out")
+    if first_row(train) is None:
+        raise ValueError(f"{source}: the {train_split!r} split is empty; give data with rows in it")
+    found = columns_of(train)
+    for flag, column in (columns or {}).items():
+        if column not in found:
+            raise ValueError(
+                f"{source} has no column {column!r} ({flag}); its columns are {found}; name one with {flag}"
+            )
+    if validation_split:
+        if share_flag:
+            raise ValueError(f"{share_flag} holds out training rows, but {source} has a {validation_split!r} split to "
+                             "validate on; leave the flag out")  # fmt: skip
+        validation = loaded[validation_split]
+        where = (
+            f"the {validation_split!r} split of {source}" if dataset_name else f"--validation-file {validation_file}"
+        )
+        if first_row(validation) is None:
+            raise ValueError(f"{where} is empty; give it rows, or leave it out to hold out training rows")
+        for flag, column in (columns or {}).items():
+            if column not in columns_of(validation):
+                raise ValueError(f"{where} has no column {column!r} ({flag}); its columns are "
+                                 f"{columns_of(validation)}")  # fmt: skip
+    else:
+        if isinstance(train, datasets.Dataset) and len(train) < 2:
+            raise ValueError(f"{source} has a single training row, too few to hold one out for validation; give a "
+                             "validation split or file, or more rows")  # fmt: skip
+        train, validation = hold_out_rows(train, validation_fraction)
+    kind = datasets.IterableDatasetDict if streaming else datasets.DatasetDict
+    return kind(train=train, validation=validation)
+
+
 def check_column(dataset, column: str, option: str = "--text-column") -> None:
     """Raise if `dataset` (a `Dataset` or `DatasetDict`) lacks `column`, listing the columns it has."""
     splits = dataset.values() if isinstance(dataset, datasets.DatasetDict) else [dataset]
@@ -491,6 +665,28 @@ def group_into_blocks(
     if max_blocks is not None and len(grouped) > max_blocks:
         grouped = grouped.select(range(max_blocks))
     return grouped
+
+
+def stream_into_blocks(
+    rows: datasets.IterableDataset, tokenizer, block_size: int, *, column: str = "text", separate_documents: bool = True
+) -> datasets.IterableDataset:
+    """`group_into_blocks` on the fly, for a stream: each batch of rows is tokenised (`eos_token` after each row with
+    `separate_documents`), concatenated and cut into `block_size` blocks of `input_ids` and `labels` as it is read;
+    the tail of each batch shorter than a block is dropped."""
+    if block_size < 2:
+        raise ValueError(f"`block_size` must be at least 2 (a token and its successor), got {block_size}.")
+    suffix = tokenizer.eos_token if separate_documents and tokenizer.eos_token else ""
+
+    def tokenize_and_group(batch):
+        # Documents longer than the context by design (cut into blocks here): no length warning (see above).
+        encoded = tokenizer([text + suffix for text in batch[column]], add_special_tokens=False, verbose=False)
+        concatenated = [token for ids in encoded["input_ids"] for token in ids]
+        usable = len(concatenated) // block_size * block_size
+        blocks = [concatenated[start : start + block_size] for start in range(0, usable, block_size)]
+        return {"input_ids": blocks, "labels": [list(block) for block in blocks]}
+
+    return rows.select_columns([column]).map(tokenize_and_group, batched=True, batch_size=1000,
+                                             remove_columns=[column])  # fmt: skip
 
 
 def sample_blocks(blocks: datasets.Dataset, count: int | None, *, seed: int = 0) -> tuple[datasets.Dataset, int]:

@@ -12,6 +12,9 @@ everything else frozen.
     # ViT (a local ViT or DAMCHA ViT checkpoint folder), classification on an image folder or Fashion-MNIST:
     python recipes/finetune_lora.py --base path/to/vit --data path/to/images --output-dir runs/lora-vit --merge
 
+Data as in `train_gpt2.py` and `train_vit.py`: the --data presets, or `--dataset-name` / `--train-file` through
+`datasets` with `--text-column-name` (decoders) or `--image-column-name` and `--label-column-name` (ViT).
+
 A plain (stock) checkpoint is converted with `damcha_hf.convert_to_damcha` (every weight kept, generator at zero, so
 training starts from the pretrained model's exact outputs). The architecture is read from the checkpoint's
 `model_type`, and everything the recipe needs about it from its family declaration (`damcha_hf.families`). LoRA
@@ -50,7 +53,7 @@ import run_folder
 import text_data
 
 from damcha_hf import argument_checks as checks
-from damcha_hf import safe_files
+from damcha_hf import data_sources, safe_files
 from damcha_hf.safe_files.atomic_files import write_json
 
 
@@ -80,12 +83,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     data.add_argument("--fashion-mnist-dir", default="/usr/share/datasets/fashion-mnist")
     data.add_argument("--image-size", type=checks.positive_int, help="ViT: default the base model's image size")
     data.add_argument("--no-augment", action="store_true", help="ViT: no random crop / flip of training images")
+    data_sources.add_dataset_arguments(data, task_columns={
+        "--text-column-name": ("text", "decoders: the column of --dataset-name / --train-file holding the text"),
+        "--image-column-name": ("image", "ViT: the column holding the images"),
+        "--label-column-name": ("label", "ViT: the column holding each image's class (names or ids)"),
+    })  # fmt: skip
     recipe_options.add_metric_arguments(parser)
     recipe_options.add_training_arguments(parser, output_dir="runs/lora-{settings}", batch_size=16, learning_rate=1e-3,
                                   max_steps=500, output_dir_example="runs/lora-gpt2-corpus for --base path/to/gpt2 "
                                   "--data corpus.txt")  # fmt: skip
     args = recipe_options.parse_checked(parser, argv, run_name=lambda args: recipe_options.run_folder_name(
-        args.base, args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
+        args.base, args.cross_head_variant, args.metric_context, data_label(args)))  # fmt: skip
     if not os.path.isfile(os.path.join(args.base, "config.json")):
         parser.error(f"--base {args.base}: not a checkpoint folder (no config.json)")
     checks.check_output(parser, safe_files.check_checkpoint_files, args.base)
@@ -93,8 +101,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--base {args.base}: a BART encoder-decoder; this recipe adapts decoder language models and "
                      "image classifiers: train BART with recipes/train_bart.py")  # fmt: skip
     check_base_architecture(parser, args)
-    if str(recipe_options.saved_model_type(args.base)).endswith("vit"):
-        if args.data is not None:
+    recipe_options.check_variant_flags(
+        parser, args, checkpoint=args.base, checkpoint_flag="--base", converts_plain_checkpoint=True
+    )
+    vision = str(recipe_options.saved_model_type(args.base)).endswith("vit")
+    check_data_flags_fit_the_base(parser, args, vision)
+    if vision:
+        if args.data is not None and not data_sources.uses_datasets_flags(args):
             image_data.check_image_data(parser, args.data)
     else:
         recipe_options.check_causal_metric_context(parser, args)
@@ -108,6 +121,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                      "--base-model-id (e.g. your-name/damcha-base), the adapter's with --hub-model-id")  # fmt: skip
     args.tokenizer = "byte"
     return args
+
+
+def data_label(args) -> str | None:
+    """What the data are called (run folder, model card): --dataset-name, --train-file or --data (None: the default
+    of the base's task, settled once the base is read)."""
+    return args.dataset_name or args.train_file or args.data
+
+
+def check_data_flags_fit_the_base(parser, args, vision: bool) -> None:
+    """The data flags together (`data_sources.check_dataset_arguments`), and only the column flags of the base's task:
+    the text column for a decoder, the image and label columns for a ViT."""
+    own = image_data.IMAGE_COLUMN_FLAGS if vision else text_data.TEXT_COLUMN_FLAGS
+    other = text_data.TEXT_COLUMN_FLAGS if vision else image_data.IMAGE_COLUMN_FLAGS
+    for flag, name in other.items():
+        if name in args.explicit:
+            task = "a ViT base (images)" if vision else "a decoder base (text)"
+            parser.error(f"{flag} does not apply to {task}; leave it out")
+    data_sources.check_dataset_arguments(parser, args, columns=own)
 
 
 def check_base_architecture(parser, args) -> None:
@@ -182,7 +213,7 @@ def main(argv=None) -> dict:
     resume, load_state = run_folder.trainer_resume(args)
     if resume:
         run_folder.check_resume_settings(args, resume, LORA_RESUME_FLAGS, run_folder.saved_model_config(resume))
-    datasets = run_folder.card_datasets(args.data) if args.data else None  # settled before training
+    datasets = run_folder.card_datasets(data_label(args)) if data_label(args) else None  # settled before training
     recipe_options.check_push(args)
     run = run_folder.start_run(args, resume)
 

@@ -1,4 +1,5 @@
-"""The image recipes' data: image options, Fashion-MNIST or an image folder, the ViT image processor, light
+"""The image recipes' data: image options, Fashion-MNIST or an image folder (the presets), or --dataset-name /
+--train-file through `datasets` with --image-column-name and --label-column-name; the ViT image processor, light
 augmentation, `set_transform` and collate; and the size options of a new ViT."""
 
 from __future__ import annotations
@@ -16,11 +17,23 @@ if TYPE_CHECKING:
     import torch
 
 
-def add_image_data_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("data")
+IMAGE_COLUMN_FLAGS = {"--image-column-name": "image_column_name", "--label-column-name": "label_column_name"}
+
+
+def add_image_data_arguments(parser: argparse.ArgumentParser, *, labels: bool = True, group=None) -> None:
+    """The image data flags: the --data preset (Fashion-MNIST, an image folder), or --dataset-name / --train-file
+    through `datasets` with the image column and (a classifier's) label column, as run_image_classification names
+    them."""
+    group = group or parser.add_argument_group("data")
     group.add_argument("--data", default="fashion-mnist",
                        help="an image folder (<folder>/<label>/<images>) or 'fashion-mnist' (the idx files in "
-                       "--fashion-mnist-dir; default)")  # fmt: skip
+                       "--fashion-mnist-dir; default); or name data with --dataset-name / --train-file instead")  # fmt: skip
+    group.add_argument("--validation-fraction", type=checks.probability, default=0.1,
+                       help="the share of the training images held out where the data have no validation split")  # fmt: skip
+    columns = {"--image-column-name": ("image", "the column holding the images (decoded by `datasets`)")}
+    if labels:
+        columns["--label-column-name"] = ("label", "the column holding the class of each image (names or ids)")
+    data_sources.add_dataset_arguments(group, task_columns=columns)
     group.add_argument("--fashion-mnist-dir", default="/usr/share/datasets/fashion-mnist")
     group.add_argument("--image-size", type=checks.positive_int, default=None, help="resize to this (default: 28 for Fashion-MNIST, "
                        "else 64)")  # fmt: skip
@@ -59,6 +72,20 @@ def vit_config_options(args: argparse.Namespace, channels: int, image_size: int)
     }
 
 
+def check_image_data_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The data flags together (`data_sources.check_dataset_arguments`), then the --data preset (`check_image_data`)
+    where it is used."""
+    columns = {flag: name for flag, name in IMAGE_COLUMN_FLAGS.items() if hasattr(args, name)}
+    data_sources.check_dataset_arguments(parser, args, columns=columns)
+    if not data_sources.uses_datasets_flags(args):
+        check_image_data(parser, args.data)
+
+
+def data_label(args: argparse.Namespace) -> str:
+    """What the data are called (run folder, model card): --dataset-name, --train-file or --data."""
+    return getattr(args, "dataset_name", None) or getattr(args, "train_file", None) or args.data
+
+
 def check_image_data(parser: argparse.ArgumentParser, data: str) -> None:
     """`--data` of an image recipe is 'fashion-mnist' or an image folder laid out as `load_image_folder` reads it."""
     if data != "fashion-mnist":
@@ -71,7 +98,10 @@ def image_datasets(args: argparse.Namespace):
     """(DatasetDict with train/validation of `image` + `label`, label names, channels) from the data options."""
     from damcha_hf.data import load_fashion_mnist, load_image_folder
 
-    if args.data == "fashion-mnist":
+    if data_sources.uses_datasets_flags(args):
+        splits = named_image_splits(args)
+        image_size = args.image_size or 64
+    elif args.data == "fashion-mnist":
         train_images = args.max_train_samples
         if train_images is None:  # only what the run needs, as the text recipes read only the text they need
             world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -85,17 +115,77 @@ def image_datasets(args: argparse.Namespace):
         splits = datasets.DatasetDict(train=train, validation=validation)
         image_size = args.image_size or 28
     else:
-        splits = load_image_folder(args.data, seed=args.seed)
+        splits = load_image_folder(args.data, validation_fraction=args.validation_fraction, seed=args.seed)
+        image_size = args.image_size or 64
+    if data_sources.uses_datasets_flags(args) or args.data != "fashion-mnist":
         if args.max_train_samples is not None:
             splits["train"] = splits["train"].select(range(min(args.max_train_samples, len(splits["train"]))))
         if args.max_eval_samples is not None:
             splits["validation"] = splits["validation"].select(
                 range(min(args.max_eval_samples, len(splits["validation"])))
             )
-        image_size = args.image_size or 64
     labels = splits["train"].features["label"].names
     channels = 1 if splits["train"][0]["image"].mode in ("L", "I", "I;16", "F") else 3
     return splits, labels, channels, image_size
+
+
+def named_image_splits(args: argparse.Namespace):
+    """`train` and `validation` of --dataset-name / --train-file as `image` and `label` columns: the image column
+    decoded to PIL images, the labels a `ClassLabel` (names kept; other values, numbers or text, become classes in
+    sorted order). Without --label-column-name's column (the denoiser needs none), every image is of class 0."""
+    import datasets
+
+    from damcha_hf.data import load_dataset_splits
+
+    label_column = getattr(args, "label_column_name", None)
+    columns = {"--image-column-name": args.image_column_name}
+    if label_column:
+        columns["--label-column-name"] = label_column
+    splits = load_dataset_splits(
+        dataset_name=args.dataset_name, dataset_config_name=args.dataset_config_name, train_file=args.train_file,
+        validation_file=args.validation_file, train_split=args.train_split, validation_split=args.validation_split,
+        validation_fraction=args.validation_fraction, share_flag=data_sources.held_out_share_flag(args),
+        columns=columns,
+    )  # fmt: skip
+    splits = splits.select_columns(list(dict.fromkeys([args.image_column_name, *filter(None, [label_column])])))
+    feature = splits["train"].features[args.image_column_name]
+    if not isinstance(feature, datasets.Image):
+        if not (isinstance(feature, dict) and "bytes" in feature) and feature != datasets.Value("binary"):
+            raise ValueError(f"--image-column-name {args.image_column_name}: the column holds {feature}, not images; "
+                             "name the column of images (encoded image bytes, as `datasets` stores an Image column)")  # fmt: skip
+        splits = splits.cast_column(args.image_column_name, datasets.Image())
+    splits = splits.rename_column(args.image_column_name, "image") if args.image_column_name != "image" else splits
+    if not label_column:
+        return datasets.DatasetDict({name: rows.add_column("label", [0] * len(rows)).cast_column(
+            "label", datasets.ClassLabel(names=["image"])) for name, rows in splits.items()})  # fmt: skip
+    splits = splits.rename_column(label_column, "label") if label_column != "label" else splits
+    train_feature = splits["train"].features["label"]
+    if isinstance(train_feature, datasets.ClassLabel):
+        for name, rows in splits.items():
+            if rows.features["label"] != train_feature:
+                raise ValueError(f"--label-column-name {label_column}: the {name} split's classes "
+                                 f"{getattr(rows.features['label'], 'names', rows.features['label'])} differ from "
+                                 f"training's {train_feature.names}")  # fmt: skip
+        return splits
+    for name, rows in splits.items():
+        feature = rows.features["label"]
+        dtype = getattr(feature, "dtype", "") if isinstance(feature, datasets.Value) else ""
+        if not (dtype.startswith(("int", "uint")) or dtype in ("string", "large_string", "bool")):
+            raise ValueError(f"--label-column-name {label_column}: the {name} split's column holds {feature}, not one "
+                             "class per image; name the column of class names or integer ids")  # fmt: skip
+    found = {value for rows in splits.values() for value in rows["label"]}
+    if None in found:
+        raise ValueError(f"--label-column-name {label_column}: some images have no class (an empty value); give "
+                         "each one, or leave those rows out")  # fmt: skip
+    values = sorted(found, key=lambda value: (str(type(value)), value))
+    names = [str(value) for value in values]
+    index = {value: position for position, value in enumerate(values)}
+    label_feature = datasets.ClassLabel(names=names)
+    return datasets.DatasetDict({
+        # Only the label column goes through the map: the images are not decoded for it.
+        name: rows.map(lambda label: {"label": index[label]}, input_columns="label").cast_column("label", label_feature)
+        for name, rows in splits.items()
+    })  # fmt: skip
 
 
 def image_processor(image_size: int, channels: int):

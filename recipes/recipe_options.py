@@ -11,8 +11,12 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
+import re
 import sys
+import types
+import typing
 
 import run_folder
 
@@ -28,7 +32,7 @@ def add_metric_arguments(parser: argparse.ArgumentParser) -> None:
     own), as a flag named after it (`--metric-context`); defaults: the config's own."""
     group = parser.add_argument_group("attention variant (defaults: the config's)")
     for name, field in options.VARIANT_FIELDS.items():
-        kind = {"choices": field.rule.choices} if field.rule.choices else {"type": checks.positive_int}
+        kind = {"choices": field.rule.choices} if field.rule.choices else {"type": field_value_parser(field)}
         help_text = f"{field.help} ({variants.variants_help()})" if name == "cross_head_variant" else field.help
         group.add_argument(f"--{name.replace('_', '-')}", **kind, help=help_text)
     eager_only = " and ".join(variants.eager_only_variants())
@@ -41,6 +45,29 @@ def add_metric_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 METRIC_FIELDS = tuple(options.VARIANT_FIELDS)
+
+
+def field_value_parser(field):
+    """The argparse `type` of a config field's flag: its declared type (`int`, `float`, `int | None`) and the range
+    its rule accepts, so a flag takes exactly what the config does (`--moa-z-loss-coef 0`, `--moa-top-k 2`)."""
+    declared = typing.get_args(field.type) or (field.type,)
+    kind = float if float in declared else int if int in declared else str
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            words = {int: "an integer", float: "a number"}.get(kind, f"a {kind.__name__}")
+            raise argparse.ArgumentTypeError(f"must be {words}, got {text!r}") from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        if not field.rule.accepts(value):
+            description = re.sub(r", or None for .*$", "", field.rule.description)  # a flag left out is the None
+            raise argparse.ArgumentTypeError(f"must be {description}, got {text!r}; {field.rule.fix}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def resolve_attention(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -275,8 +302,9 @@ def live_progress_bar() -> bool:
     return sys.stderr.isatty()
 
 
-def training_arguments(args: argparse.Namespace, *, seq2seq: bool = False, **overrides):
-    """`TrainingArguments` from the shared options (`Seq2SeqTrainingArguments` for `seq2seq`)."""
+def training_arguments(args: argparse.Namespace, *, seq2seq: bool = False, arguments_class=None, **overrides):
+    """`TrainingArguments` from the shared options (`Seq2SeqTrainingArguments` for `seq2seq`; `arguments_class`, a
+    subclass such as TRL's `SFTConfig`, when given)."""
     import torch
     from transformers import Seq2SeqTrainingArguments, TrainingArguments
 
@@ -310,7 +338,9 @@ def training_arguments(args: argparse.Namespace, *, seq2seq: bool = False, **ove
         "use_cpu": not torch.cuda.is_available(),
     }
     kwargs.update(overrides)
-    return (Seq2SeqTrainingArguments if seq2seq else TrainingArguments)(**kwargs)
+    if arguments_class is None:
+        arguments_class = Seq2SeqTrainingArguments if seq2seq else TrainingArguments
+    return arguments_class(**kwargs)
 
 
 def check_push(args: argparse.Namespace, *, accelerate: bool = False) -> None:
@@ -337,3 +367,159 @@ def saved_model_type(checkpoint: str) -> str | None:
             return json.load(handle).get("model_type")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+# The config fields of a model's shape as a checkpoint's config.json may name them (GPT-2's, BART's, the rest's).
+SHAPE_FIELDS = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "encoder_attention_heads"),
+    "num_key_value_heads": ("num_key_value_heads",),
+    "head_dim": ("head_dim",),
+}
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def variant_owning(field: str) -> str:
+    """The `cross_head_variant` whose own field `field` is (`colmha_key_dim`: colmha)."""
+    return next(name for name, variant in variants.VARIANTS.items() if field in variant.fields)
+
+
+def check_variant_flags(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    *,
+    sizes: dict | None = None,
+    size_flags: dict | None = None,
+    model_type: str | None = None,
+    checkpoint: str | None = None,
+    checkpoint_flag: str = "--init-from",
+    converts_plain_checkpoint: bool = False,
+    extra_flags: tuple[str, ...] = (),
+) -> None:
+    """The attention-variant flags given, refused while parsing (one line naming the flag and the fix) where the model
+    would ignore them or where the config they build would refuse them:
+
+    - a plain `model_type` (`gpt2`, `llama`, `bart`: multi-head attention, no variant fields), and a plain
+      `checkpoint` unless the recipe converts it (`converts_plain_checkpoint`: `finetune_lora.py --base`);
+    - another variant's fields (`--colmha-key-dim` where the variant is DAMCHA);
+    - on a DAMCHA checkpoint whose variant is not `none`, any value other than the checkpoint's: the variant's trained
+      weights would be dropped or read under other settings, so training would not start from the checkpoint's
+      function. From an MHA checkpoint (`cross_head_variant="none"`) every variant flag applies, each variant starting
+      as that checkpoint's function (exactly, but for MoA with fewer than all heads kept);
+    - the config the flags build, validated as the config class validates it (`moa_top_k` beyond the heads, a
+      `colmha_key_dim` wider than the heads, ColMHA on grouped-query heads), its config fields named by their flags.
+
+    `sizes`: the new model's shape (`hidden_size`, `num_attention_heads`, `num_key_value_heads`) and `size_flags` the
+    flags that set them; with `checkpoint` the shape is the checkpoint's. `extra_flags`: a recipe's own DAMCHA-only
+    flags (BART's `encoder_metric_context`), refused with the variant flags on a plain model type."""
+    given = metric_options(args)
+    extras = [name for name in extra_flags if getattr(args, name, None) is not None]
+    named = ", ".join(flag_name(name) for name in [*given, *extras])
+    if model_type is not None and not model_type.startswith("damcha") and (given or extras):
+        verb = "applies" if len(given) + len(extras) == 1 else "apply"
+        parser.error(f"--model-type {model_type} is plain {model_type} (multi-head attention, no cross-head variant), "
+                     f"which would ignore it: {named} {verb} to damcha_{model_type}; use --model-type "
+                     f"damcha_{model_type}, or leave {named} out")  # fmt: skip
+    if not given or getattr(args, "resume", None):
+        return  # on --resume the checkpoint's settings win (`run_folder.check_resume_settings`)
+    saved: dict = {}
+    if checkpoint:
+        saved = run_folder.saved_model_config(checkpoint)
+        saved_type = str(saved.get("model_type"))
+        if not saved_type.startswith("damcha_"):
+            if not converts_plain_checkpoint:
+                parser.error(f"{checkpoint_flag} {checkpoint} holds a plain {saved_type} model (multi-head attention, "
+                             f"no cross-head variant), which would ignore {named}; convert it first "
+                             "(damcha_hf.convert_to_damcha(model, ...), then save_pretrained) and pass that folder, "
+                             f"or leave {named} out")  # fmt: skip
+            saved = {key: value for key, value in saved.items() if key not in options.VARIANT_FIELDS}
+        else:
+            saved_variant = saved.get("cross_head_variant", variants.DEFAULT_VARIANT)
+            defaults = {name: field.default for name, field in options.VARIANT_FIELDS.items()}
+            changed = [name for name, value in given.items() if saved.get(name, defaults[name]) != value]
+            if saved_variant != "none" and changed:
+                name = changed[0]
+                parser.error(f"{flag_name(name)} {given[name]}: the {checkpoint_flag} checkpoint's attention is "
+                             f"{saved_variant} with {name}={saved.get(name, defaults[name])}, as it was trained; "
+                             "another value would drop its trained weights or read them under other settings, so "
+                             f"training would not start from its function. Leave {flag_name(name)} out (the "
+                             "checkpoint's value is used), or start from an MHA checkpoint (cross_head_variant none), "
+                             "where every variant flag applies, or from a new model")  # fmt: skip
+    if "cross_head_variant" in given:
+        variant, source = given["cross_head_variant"], "given"
+    elif "cross_head_variant" in saved:
+        variant, source = saved["cross_head_variant"], f"the {checkpoint_flag} checkpoint's"
+    else:
+        variant, source = variants.DEFAULT_VARIANT, "the default"
+    for name in given:
+        owner = variant_owning(name) if name != "cross_head_variant" else variant
+        if owner != variant:
+            parser.error(f"{flag_name(name)} is a setting of --cross-head-variant {owner}, not of {variant} "
+                         f"({source}), which would ignore it; add --cross-head-variant {owner}, or leave "
+                         f"{flag_name(name)} out")  # fmt: skip
+    check_flags_build_a_valid_config(parser, given, saved, sizes if not checkpoint else None, size_flags)
+
+
+class ConfigOfTheFlags(types.SimpleNamespace):
+    """The fields a recipe's flags would give a DAMCHA config, for the config's own checks."""
+
+
+def check_flags_build_a_valid_config(parser, given: dict, saved: dict, sizes, size_flags) -> None:
+    """Run the checks a DAMCHA config makes across its fields (the variant's `config_refusal` and
+    `head_layout_refusal`, as `check_metric_options` and `check_key_value_heads` run them) on the fields the flags
+    would give it, while parsing; a refusal names the flags, not the config fields."""
+    values = {name: field.default for name, field in options.VARIANT_FIELDS.items()}
+    values.update({name: value for name, value in saved.items() if name in values})
+    values.update(given)
+    if sizes is None:  # a checkpoint's shape, under whichever names its config.json uses
+        sizes = {}
+        for field, names in SHAPE_FIELDS.items():
+            found = next((saved[name] for name in names if isinstance(saved.get(name), int)), None)
+            if found is not None:
+                sizes[field] = found
+        if "hidden_size" not in sizes or "num_attention_heads" not in sizes:
+            return  # not a shape this check reads: the config checks itself when the model is loaded
+    config = ConfigOfTheFlags(**values, **sizes)
+    heads = sizes["num_attention_heads"]
+    key_value_heads = sizes.get("num_key_value_heads") or heads
+    # Each flag's own range was checked as it was parsed, and the shape by the recipe's size checks (or when the
+    # checkpoint was saved): what is left is what the variant checks across fields.
+    variant = variants.variant_of(config)
+    refusal = variant.config_refusal(config) or variant.head_layout_refusal(config, heads, key_value_heads)
+    if refusal:
+        flags = {name: flag_name(name) for name in options.VARIANT_FIELDS}
+        flags.update(size_flags or {})
+        parser.error(flag_message(refusal, flags))
+
+
+def flag_message(message: str, flags: dict[str, str]) -> str:
+    """A config's error message with each config field it names (`moa_top_k`, `cross_head_variant='damcha'`) written
+    as the flag that sets it (`--moa-top-k`, `--cross-head-variant damcha`); the config's class name dropped."""
+    message = re.sub(rf"^{ConfigOfTheFlags.__name__}: ", "", message)
+
+    def as_flag(match: re.Match) -> str:
+        field, value = match.group(1), match.group(2)
+        if field not in flags:
+            return match.group(0)
+        return flags[field] + (f" {value.strip(chr(39) + chr(34))}" if value is not None else "")
+
+    message = re.sub(r"`(\w+)(?:=([^`]*))?`", as_flag, message)
+    # What a config sets to None, a command line leaves out; a quoted value is the flag's bare word.
+    return re.sub(r"`'(\w+)'`", r"\1", message.replace("or None for", "or leave the flag out for"))
+
+
+def check_language_model_variant_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`check_variant_flags` for the language-model recipes: a new model's shape is --n-embd, --n-head and --n-kv-head
+    (`--model-type gpt2` or `llama` is plain attention); with --init-from, the checkpoint's."""
+    checkpoint = getattr(args, "init_from", None)
+    check_variant_flags(
+        parser,
+        args,
+        model_type=None if checkpoint else args.model_type,
+        sizes={"hidden_size": args.n_embd, "num_attention_heads": args.n_head, "num_key_value_heads": args.n_kv_head},
+        size_flags={"hidden_size": "--n-embd", "num_attention_heads": "--n-head", "num_key_value_heads": "--n-kv-head"},
+        checkpoint=checkpoint,
+    )

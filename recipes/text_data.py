@@ -1,5 +1,6 @@
-"""The language-model recipes' data and models: text data options, the tokenizer, the corpus (only what a run
-needs), its blocks, and new GPT-2 or Llama configs from the size and metric options (checked against the checkpoint on
+"""The language-model recipes' data and models: text data options (the --data presets, and --dataset-name /
+--train-file through `datasets` with --text-column-name), the tokenizer, the corpus (of a preset only what a run
+needs; with --streaming read as a stream), its blocks (packed on the fly when streamed, each process's share), and new GPT-2 or Llama configs from the size and metric options (checked against the checkpoint on
 --resume)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import recipe_options
 import run_folder
 
 from damcha_hf import argument_checks as checks
+from damcha_hf import data_sources
 from damcha_hf.safe_files import checkpoint_checks
 
 
@@ -92,7 +94,7 @@ def language_model_run_name(args: argparse.Namespace) -> str:
     tokenizer (e.g. `damcha_gpt2-stdlib-byte`, `damcha_gpt2-gcide-bpe`)."""
     model_type = {"damcha": "damcha_gpt2"}.get(args.model_type, args.model_type)
     return recipe_options.run_folder_name(
-        model_type, args.cross_head_variant, args.metric_context, args.data, args.tokenizer
+        model_type, args.cross_head_variant, args.metric_context, data_label(args), args.tokenizer
     )
 
 
@@ -171,22 +173,48 @@ def tokenizer_source(text: str) -> str:
     raise argparse.ArgumentTypeError(f"{text!r} {found}; use 'byte', 'bpe' or a folder a tokenizer was saved to")
 
 
-def add_text_data_arguments(parser: argparse.ArgumentParser) -> None:
+TEXT_COLUMN_FLAGS = {"--text-column-name": "text_column_name"}
+
+
+def add_text_data_arguments(parser: argparse.ArgumentParser, *, streaming: bool = True) -> None:
     group = parser.add_argument_group("data")
     group.add_argument(
         "--data",
         default="stdlib",
         type=checks.text_data_source,
-        help="a text file, folder of .txt files, glob, 'stdlib' (Python's standard library sources; default) or "
-        "'gcide' (the GCIDE dictionary)",
+        help="a shipped source or local text: a text file, folder of .txt files, glob, 'stdlib' (Python's standard "
+        "library sources; default) or 'gcide' (the GCIDE dictionary); or name data with --dataset-name / "
+        "--train-file instead",
     )
     group.add_argument("--file-pattern", default="**/*.txt", help="files to read in a --data folder")
     group.add_argument("--max-data-bytes", type=checks.positive_int, help="read only about this many bytes of text")
     group.add_argument("--validation-fraction", type=checks.probability, default=0.05)
+    data_sources.add_dataset_arguments(
+        group,
+        task_columns={"--text-column-name": ("text", "the column of --dataset-name / --train-file holding the text")},
+        streaming=streaming,
+    )
     group.add_argument("--tokenizer", default="byte", type=tokenizer_source,
                        help="'byte' (default; bits per byte = bits per token), 'bpe' (trained here), "
                        "or a saved tokenizer folder")  # fmt: skip
     group.add_argument("--bpe-vocab-size", type=checks.positive_int, default=4096)
+
+
+def check_text_data_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The data flags together (`data_sources.check_dataset_arguments`); --streaming needs a tokenizer that is not
+    trained on the corpus first."""
+    data_sources.check_dataset_arguments(parser, args, columns=TEXT_COLUMN_FLAGS)
+    if getattr(args, "streaming", False):
+        if args.tokenizer == "bpe":
+            parser.error("--streaming: --tokenizer bpe is trained on the whole corpus before training, which a stream "
+                         "does not hold; train it once without --streaming and pass its folder, or use 'byte'")  # fmt: skip
+        if args.max_data_bytes is not None:
+            parser.error("--max-data-bytes applies to a corpus read whole; a stream reads what --max-steps needs")
+
+
+def data_label(args: argparse.Namespace) -> str:
+    """What the data are called (run folder, model card): --dataset-name, --train-file or --data."""
+    return getattr(args, "dataset_name", None) or getattr(args, "train_file", None) or args.data
 
 
 def build_tokenizer(args: argparse.Namespace, corpus):
@@ -227,17 +255,41 @@ def data_bytes_needed(args: argparse.Namespace) -> int:
 
 
 def load_language_model_corpus(args: argparse.Namespace):
-    """The text corpus of a language-model recipe: all of --max-data-bytes when given, else only about what the run
-    needs (`data_bytes_needed`), said in one line."""
-    from damcha_hf.data import load_text_corpus
+    """The text corpus of a language-model recipe, `train` and `validation` splits of a `text` column: from
+    --dataset-name / --train-file through `datasets`, or the --data preset (all of --max-data-bytes when given, else
+    only about what the run needs, `data_bytes_needed`, said in one line). With --streaming, an
+    `IterableDatasetDict`."""
+    from damcha_hf.data import load_dataset_splits, load_text_corpus
 
+    streaming = getattr(args, "streaming", False)
+    if data_sources.uses_datasets_flags(args):
+        splits = load_dataset_splits(
+            dataset_name=args.dataset_name, dataset_config_name=args.dataset_config_name, train_file=args.train_file,
+            validation_file=args.validation_file, train_split=args.train_split, validation_split=args.validation_split,
+            validation_fraction=args.validation_fraction, share_flag=data_sources.held_out_share_flag(args),
+            streaming=streaming,
+            columns={"--text-column-name": args.text_column_name},
+        )  # fmt: skip
+        # A text file's rows are its lines, which run on into each other; any other dataset's rows are documents.
+        args.rows_are_documents = not (args.train_file and data_sources.data_file_builder(args.train_file) == "text")
+        if args.dataset_name and os.path.isdir(args.dataset_name):
+            args.rows_are_documents = splits["train"].info.builder_name != "text"
+        splits = splits.select_columns([args.text_column_name])
+        return splits if args.text_column_name == "text" else splits.rename_column(args.text_column_name, "text")
     max_bytes = args.max_data_bytes
-    if max_bytes is None:
+    if max_bytes is None and not streaming:
         max_bytes = data_bytes_needed(args)
         print(f"reading about {max_bytes / 1e6:.1f} MB of --data {args.data} (what {args.max_steps} steps and "
               f"{args.max_eval_samples} validation blocks need; --max-data-bytes sets it)", flush=True)  # fmt: skip
-    return load_text_corpus(args.data, validation_fraction=args.validation_fraction, seed=args.seed,
-                            max_bytes=max_bytes, pattern=args.file_pattern)  # fmt: skip
+    # One document per row for folders and 'stdlib'; sections of one text otherwise.
+    args.rows_are_documents = args.data == "stdlib" or os.path.isdir(str(args.data))
+    corpus = load_text_corpus(args.data, validation_fraction=args.validation_fraction, seed=args.seed,
+                              max_bytes=max_bytes, pattern=args.file_pattern)  # fmt: skip
+    if streaming:  # the preset, streamed like any other dataset
+        import datasets
+
+        return datasets.IterableDatasetDict({split: rows.to_iterable_dataset() for split, rows in corpus.items()})
+    return corpus
 
 
 def language_model_data(args: argparse.Namespace, tokenizer, corpus=None):
@@ -248,8 +300,9 @@ def language_model_data(args: argparse.Namespace, tokenizer, corpus=None):
 
     if corpus is None:
         corpus = load_language_model_corpus(args)
-    # One document per row for folders and 'stdlib'; sections of one text otherwise.
-    separate_documents = args.data == "stdlib" or os.path.isdir(str(args.data))
+    separate_documents = getattr(args, "rows_are_documents", None)
+    if separate_documents is None:  # a corpus read elsewhere: one document per row for folders and 'stdlib'
+        separate_documents = args.data == "stdlib" or os.path.isdir(str(args.data))
     blocks = group_into_blocks(
         corpus, tokenizer, args.block_size, separate_documents=separate_documents, document_ids=True
     )
@@ -258,7 +311,46 @@ def language_model_data(args: argparse.Namespace, tokenizer, corpus=None):
         train = train.select(range(min(args.max_train_samples, len(train))))
     validation, args.validation_documents = sample_blocks(blocks["validation"], args.max_eval_samples, seed=args.seed)
     held_out = "documents" if separate_documents else "sections of the text"
+    if data_sources.uses_datasets_flags(args):
+        held_out = "rows of the validation data"
     args.validation_note = (f"{len(validation)} blocks of {args.block_size} tokens drawn at random (seed {args.seed}) "
                             f"from {args.validation_documents} held-out {held_out}")  # fmt: skip
+    print(f"validation: {args.validation_note}", flush=True)
+    return train, validation
+
+
+def shard_for_process(rows, rank: int, world_size: int):
+    """This process's share of a streamed split (`datasets.distributed.split_dataset_by_node`): whole shards (files)
+    when they divide evenly among the processes, else every `world_size`-th example of the stream as it is finally
+    read (the packed blocks, when the tokenizing map follows); the shares are disjoint."""
+    if world_size == 1:
+        return rows
+    from datasets.distributed import split_dataset_by_node
+
+    return split_dataset_by_node(rows, rank=rank, world_size=world_size)
+
+
+def streaming_language_model_data(args: argparse.Namespace, tokenizer, splits, *, rank: int = 0, world_size: int = 1):
+    """(training blocks, validation blocks) of a streamed corpus (`load_language_model_corpus` with --streaming):
+    training text tokenized and packed into blocks on the fly (an `IterableDataset`; this process's share under
+    several processes), and the first --max-eval-samples blocks of the validation split, read once (every process
+    reads the same ones)."""
+    import datasets
+
+    from damcha_hf.data import stream_into_blocks
+
+    separate = args.rows_are_documents
+    train = stream_into_blocks(shard_for_process(splits["train"], rank, world_size), tokenizer, args.block_size,
+                               separate_documents=separate)  # fmt: skip
+    if args.max_train_samples is not None:
+        train = train.take(args.max_train_samples)
+    blocks = stream_into_blocks(splits["validation"], tokenizer, args.block_size, separate_documents=separate)
+    validation = datasets.Dataset.from_list(list(blocks.take(args.max_eval_samples)))
+    if len(validation) == 0:
+        raise ValueError(f"the validation data hold fewer tokens than one block of --block-size {args.block_size}; "
+                         "give more validation text or a smaller --block-size")  # fmt: skip
+    args.validation_documents = None
+    args.validation_note = (f"the first {len(validation)} blocks of {args.block_size} tokens of the validation data "
+                            "(streamed)")  # fmt: skip
     print(f"validation: {args.validation_note}", flush=True)
     return train, validation

@@ -8,6 +8,9 @@
     python recipes/train_diffusion.py --feature-classifier runs/vit-none-fashion-mnist/final   # adds the FCD
     python recipes/train_diffusion.py --resume                           # continue the latest checkpoint
 
+Data as in `train_vit.py`: the --data presets (Fashion-MNIST, an image folder), or `--dataset-name` / `--train-file`
+through `datasets` with `--image-column-name` (a denoiser needs no labels).
+
 Training noises each image at a uniformly drawn step of diffusers' `DDPMScheduler` and regresses the noise (mean
 squared error). Every checkpoint folder gets `sample_grid.png`: DDIM samples from the same start noise every time (so
 grids of one run, and of runs with other attention, compare image by image). At the end the recipe reports the
@@ -35,6 +38,7 @@ import recipe_options
 import run_folder
 
 from damcha_hf import argument_checks as checks
+from damcha_hf import data_sources
 from damcha_hf.safe_files import atomic_files, checkpoint_checks
 
 SCHEDULE_FLAGS = {"num_train_timesteps": "num_train_timesteps", "beta_schedule": "beta_schedule"}
@@ -49,13 +53,14 @@ QUICK_SAMPLE_STEPS, QUICK_NUM_SAMPLES = 10, 16
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = checks.ArgumentParser(description=__doc__, formatter_class=checks.HelpFormatter)
-    image_data.add_image_data_arguments(parser)
+    image_data.add_image_data_arguments(parser, labels=False)
     # Random crops would teach the model the crops' reflected borders: a denoiser is augmented by flips only.
     parser._option_string_actions["--no-augment"].help = "no random left-right flips of training images"
     image_data.add_vit_size_arguments(parser)
     parser.add_argument("--init-from", help="start from this denoiser checkpoint folder instead of a new model (its "
-                        "size; the --metric-* and --cross-head-variant flags given still apply: every variant starts "
-                        "as the checkpoint's function)")  # fmt: skip
+                        "size; the --cross-head-variant and variant flags given apply to an MHA checkpoint, "
+                        "cross_head_variant none, each variant starting as its function, and are refused on another "
+                        "one)")  # fmt: skip
     recipe_options.add_metric_arguments(parser)
     group = parser.add_argument_group("diffusion")
     group.add_argument("--num-train-timesteps", type=checks.positive_int, default=1000,
@@ -80,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                           max_steps=4000, max_eval_samples=1000,
                                           output_dir_example="runs/diffusion-fashion-mnist")  # fmt: skip
     args = recipe_options.parse_checked(parser, argv, run_name=lambda args: recipe_options.run_folder_name(
-        args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
+        args.cross_head_variant, args.metric_context, image_data.data_label(args)))  # fmt: skip
     if importlib.util.find_spec("diffusers") is None:
         parser.error("diffusers is not installed (its DDPM and DDIM schedulers drive the training and sampling); "
                      "install it with `pip install damcha-hf[diffusion]`")  # fmt: skip
@@ -90,12 +95,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.init_from:  # a new model: its size flags must fit together
         checks.check_heads_divide_width(parser, args.hidden_size, args.num_heads, width_flag="--hidden-size",
                                         heads_flag="--num-heads")  # fmt: skip
-    image_data.check_image_data(parser, args.data)
-    if args.data == "fashion-mnist" and not os.path.isdir(args.fashion_mnist_dir):
+    image_data.check_image_data_arguments(parser, args)
+    preset = not data_sources.uses_datasets_flags(args)
+    if preset and args.data == "fashion-mnist" and not os.path.isdir(args.fashion_mnist_dir):
         parser.error(f"--fashion-mnist-dir {args.fashion_mnist_dir} does not exist: on Debian/Ubuntu `apt-get install "
                      "dataset-fashion-mnist` puts the idx files in /usr/share/datasets/fashion-mnist; or pass the "
                      "folder that holds them, or --data an image folder")  # fmt: skip
-    image_size = args.image_size or (28 if args.data == "fashion-mnist" else 64)
+    image_size = args.image_size or (28 if preset and args.data == "fashion-mnist" else 64)
     if not args.init_from and image_size % args.patch_size:
         parser.error(f"--patch-size {args.patch_size} must divide the image size ({image_size}); pick a divisor, "
                      "or set --image-size to a multiple of it")  # fmt: skip
@@ -103,6 +109,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not os.path.isdir(args.init_from):
             parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
         checks.check_output(parser, checkpoint_checks.check_checkpoint_files, args.init_from)
+    recipe_options.check_variant_flags(
+        parser,
+        args,
+        sizes={"hidden_size": args.hidden_size, "num_attention_heads": args.num_heads},
+        size_flags={"hidden_size": "--hidden-size", "num_attention_heads": "--num-heads"},
+        checkpoint=args.init_from,
+    )
     if args.feature_classifier:
         check_feature_classifier(parser, args.feature_classifier, image_size)
     return args
@@ -243,7 +256,7 @@ def main(argv=None) -> dict:
             args, resume, image_data.VIT_MODEL_FLAGS, run_folder.saved_model_config(resume)
         )
         run_folder.check_resume_settings(args, resume, SCHEDULE_FLAGS, saved_schedule(resume))
-    datasets = run_folder.card_datasets(args.data)  # what the card will say, settled before training
+    datasets = run_folder.card_datasets(image_data.data_label(args))  # what the card will say, settled before training
     recipe_options.check_push(args)
     run = run_folder.start_run(args, resume)
 

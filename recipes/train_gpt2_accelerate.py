@@ -18,6 +18,13 @@ GPUs (DDP), or FSDP sharding the DAMCHA blocks:
 recipe refuses an FSDP launch without one rather than silently training unsharded.)
 Resume the latest `checkpoint-N` (model, optimizer, scheduler, RNG and data position):
     accelerate launch ... recipes/train_gpt2_accelerate.py --output-dir runs/gpt2-acc --resume
+Data through `datasets`, as run_clm.py takes it (the flags of `train_gpt2.py`: --dataset-name, --train-file, ...);
+with `--streaming` the text is tokenized and packed as it trains, and each process takes its own share of the stream
+(`datasets.distributed.split_dataset_by_node`: whole files when their number divides evenly among the processes, else
+every N-th packed block; give as many parquet files as processes, or a multiple, so that each reads only its own).
+Each checkpoint records how many blocks of its share every process has consumed, and a resume skips them:
+    accelerate launch --config_file recipes/accelerate_configs/cpu_ddp_2proc.yaml recipes/train_gpt2_accelerate.py \
+        --train-file corpus.parquet --streaming --max-steps 1000
 
 `--batch-size` is per process. At the end every process writes the SHA-256 of its parameters to
 `<output-dir>/parameter_sha256_rank<N>.txt` (they must all agree under DDP; under FSDP, where each process holds a
@@ -58,8 +65,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     recipe_options.add_training_arguments(parser, output_dir="runs/accelerate-{settings}", batch_size=16, learning_rate=2e-3,
                                           max_steps=1000, output_dir_example="runs/accelerate-damcha_gpt2-stdlib-byte")  # fmt: skip
     args = recipe_options.parse_checked(parser, argv, run_name=text_data.language_model_run_name)
+    text_data.check_text_data_arguments(parser, args)
     recipe_options.check_causal_metric_context(parser, args)
     text_data.check_new_language_model_sizes(parser, args)
+    recipe_options.check_language_model_variant_flags(parser, args)
     return args
 
 
@@ -112,7 +121,7 @@ def main(argv=None) -> dict:
     resume = run_folder.resolve_resume(args.resume, args.output_dir, marker=STATE_FILE)
     load_state = run_folder.check_resume_state(args, resume, RESUME_STATE, marker=STATE_FILE)
     text_data.check_language_model_resume(args, resume)
-    datasets = run_folder.card_datasets(args.data)  # what the card will say, settled before training
+    datasets = run_folder.card_datasets(text_data.data_label(args))  # what the card will say, settled before training
     recipe_options.check_push(args, accelerate=True)
     run = run_folder.start_run(args, resume)
 
@@ -147,16 +156,27 @@ def main(argv=None) -> dict:
     with accelerator.main_process_first():
         corpus = text_data.load_language_model_corpus(args)
         tokenizer = text_data.build_tokenizer(args, corpus)
-        train, validation = text_data.language_model_data(args, tokenizer, corpus)
+        if args.streaming:  # each process tokenizes and packs its own share of the stream as it trains
+            train, validation = text_data.streaming_language_model_data(
+                args, tokenizer, corpus, rank=accelerator.process_index, world_size=accelerator.num_processes
+            )
+        else:
+            train, validation = text_data.language_model_data(args, tokenizer, corpus)
     train, validation = train.with_format("torch"), validation.with_format("torch")
 
     model = AutoModelForCausalLM.from_config(text_data.language_model_config(args, len(tokenizer), tokenizer))
     check_tokenizer_matches_model(tokenizer, model.config)
     text_data.use_causal_lm_loss(model)
-    accelerator.print(f"{type(model).__name__}: {model.num_parameters():,} parameters; {len(train)} training blocks; "
+    training = "training blocks streamed" if args.streaming else f"{len(train)} training blocks"
+    accelerator.print(f"{type(model).__name__}: {model.num_parameters():,} parameters; {training}; "
                       f"{accelerator.num_processes} process(es)")  # fmt: skip
 
-    train_loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, collate_fn=default_data_collator)
+    if args.streaming:
+        # Not prepared: the stream is already this process's share (split_dataset_by_node), which Accelerate would
+        # otherwise split again by batches.
+        train_loader = None
+    else:
+        train_loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, collate_fn=default_data_collator)
     eval_loader = DataLoader(validation, batch_size=args.batch_size, collate_fn=default_data_collator)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "ln_" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "ln_" not in n)]
@@ -170,16 +190,19 @@ def main(argv=None) -> dict:
         "cosine", optimizer, num_warmup_steps=warmup * accelerator.num_processes,
         num_training_steps=args.max_steps * accelerator.num_processes,
     )  # fmt: skip
-    model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, eval_loader, scheduler
-    )
+    if train_loader is None:
+        model, optimizer, eval_loader, scheduler = accelerator.prepare(model, optimizer, eval_loader, scheduler)
+    else:
+        model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
+            model, optimizer, train_loader, eval_loader, scheduler
+        )
     byte_lengths = torch.as_tensor(token_byte_lengths(tokenizer))
     model_config = accelerator.unwrap_model(model).config.to_dict()  # saved with each checkpoint, checked on resume
 
     hyperparameters = {key: value for key, value in vars(args).items() if isinstance(value, (int, float, str, bool))}
     accelerator.init_trackers(os.path.basename(os.path.normpath(args.output_dir)), config=hyperparameters)
 
-    step, log_history = 0, []
+    step, log_history, stream_position = 0, [], {"pass": 0, "blocks": 0}
     if resume and load_state:
         accelerator.load_state(resume)
     elif resume:  # --resume-weights-only: the weights and the step; a new optimizer, schedule and random state
@@ -190,6 +213,15 @@ def main(argv=None) -> dict:
     if resume:
         saved = checkpoint_checks.read_json_file(os.path.join(resume, STATE_FILE), "the training state")
         step, log_history = saved["step"], saved["log_history"]
+        if args.streaming:
+            positions = saved.get("stream_positions")
+            if positions is None:
+                raise ValueError(f"--resume {resume}: the checkpoint was not trained with --streaming (it records no "
+                                 "stream position); resume it without --streaming, or start a new run")  # fmt: skip
+            if len(positions) != accelerator.num_processes:
+                raise ValueError(f"--resume {resume}: the stream was read by {len(positions)} process(es), each its "
+                                 f"own share, not {accelerator.num_processes}; resume with {len(positions)}")  # fmt: skip
+            stream_position = positions[accelerator.process_index]
         accelerator.print(f"resumed from {resume} at step {step}")
 
     eval_steps, save_steps = recipe_options.evaluation_schedule(args)  # a quick run evaluates and saves at the end only
@@ -203,46 +235,62 @@ def main(argv=None) -> dict:
         if accelerator.is_local_main_process:
             progress.write(str(entry))
 
-    steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
     model.train()
     running_loss, running_count = 0.0, 0
-    while step < args.max_steps:
-        epoch, done_in_epoch = divmod(step, steps_per_epoch)
-        train_loader.set_epoch(epoch)
-        batches = accelerator.skip_first_batches(train_loader, done_in_epoch * args.gradient_accumulation_steps)
-        for batch in batches:
-            with accelerator.accumulate(model):
-                loss = model(**batch).loss
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            running_loss += accelerator.reduce(loss.detach(), reduction="mean").item()
-            running_count += 1
+
+    def train_step(batch) -> None:
+        nonlocal running_loss, running_count
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        running_loss += accelerator.reduce(loss.detach(), reduction="mean").item()
+        running_count += 1
+
+    def after_optimizer_step() -> bool:
+        """Log, evaluate and checkpoint as the schedule says; True once --max-steps is reached."""
+        nonlocal running_loss, running_count
+        progress.update(1)
+        if step % args.logging_steps == 0 or step == args.max_steps:
+            entry = {"step": step, "loss": running_loss / running_count, "learning_rate": scheduler.get_last_lr()[0]}
+            log_history.append(entry)
+            report(entry)
+            progress.set_postfix(loss=f"{entry['loss']:.3f}", refresh=False)
+            running_loss, running_count = 0.0, 0
+        if (eval_steps and step % eval_steps == 0) or step == args.max_steps:
+            entry = {"step": step, **evaluate(model, eval_loader, accelerator, byte_lengths)}
+            log_history.append(entry)
+            report(entry)
+        if step % save_steps == 0 or step == args.max_steps:
+            position = dict(stream_position) if args.streaming else None
+            save_checkpoint(accelerator, tokenizer, run, step, log_history, model_config, position)
+        return step >= args.max_steps
+
+    if args.streaming:
+        for batch in streamed_batches(train, args, accelerator, stream_position):
+            train_step(batch)
             if not accelerator.sync_gradients:
                 continue
             step += 1
-            progress.update(1)
-            if step % args.logging_steps == 0 or step == args.max_steps:
-                entry = {
-                    "step": step,
-                    "loss": running_loss / running_count,
-                    "learning_rate": scheduler.get_last_lr()[0],
-                }
-                log_history.append(entry)
-                report(entry)
-                progress.set_postfix(loss=f"{entry['loss']:.3f}", refresh=False)
-                running_loss, running_count = 0.0, 0
-            if (eval_steps and step % eval_steps == 0) or step == args.max_steps:
-                entry = {"step": step, **evaluate(model, eval_loader, accelerator, byte_lengths)}
-                log_history.append(entry)
-                report(entry)
-            if step % save_steps == 0 or step == args.max_steps:
-                save_checkpoint(accelerator, tokenizer, run, step, log_history, model_config)
-            if step >= args.max_steps:
+            if after_optimizer_step():
                 break
+    else:
+        steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
+        while step < args.max_steps:
+            epoch, done_in_epoch = divmod(step, steps_per_epoch)
+            train_loader.set_epoch(epoch)
+            batches = accelerator.skip_first_batches(train_loader, done_in_epoch * args.gradient_accumulation_steps)
+            for batch in batches:
+                train_step(batch)
+                if not accelerator.sync_gradients:
+                    continue
+                step += 1
+                if after_optimizer_step():
+                    break
 
     progress.close()
     results = evaluate(model, eval_loader, accelerator, byte_lengths)
@@ -297,7 +345,52 @@ class TiedWeightsNotice(logging.Filter):
 TIED_WEIGHTS_NOTICE = TiedWeightsNotice()  # one instance, so that each save does not add another filter
 
 
-def save_checkpoint(accelerator, tokenizer, run, step: int, log_history: list, model_config: dict) -> None:
+def skip_first(rows, count: int):
+    """`rows` after their first `count`, counted in this process's share: `IterableDataset.skip` would count in the
+    stream before `split_dataset_by_node` divides it (every N-th block to each process), skipping too few."""
+    import itertools
+
+    import torch
+
+    class Skipped(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return itertools.islice(iter(rows), count, None)
+
+    return Skipped()
+
+
+def streamed_batches(blocks, args, accelerator, position: dict):
+    """Batches of this process's streamed blocks, forever: a pass that ends on any process ends on all of them (the
+    shares can differ in length, and a process that stopped alone would leave the others waiting), and the next pass
+    starts over. `position` ({"pass", "blocks"}: blocks of this process's share consumed in the current pass) is
+    updated as batches are handed out and saved with each checkpoint; a resumed run skips the blocks it counts."""
+    import torch
+    from torch.utils.data import DataLoader
+    from transformers import default_data_collator
+
+    while True:
+        blocks.set_epoch(position["pass"])
+        loader = DataLoader(skip_first(blocks, position["blocks"]), batch_size=args.batch_size,
+                            collate_fn=default_data_collator)  # fmt: skip
+        iterator, yielded = iter(loader), 0
+        while True:
+            batch = next(iterator, None)
+            # Every process learns whether any ran out, so that all end the pass at the same batch.
+            exhausted = torch.tensor([batch is None], dtype=torch.int64, device=accelerator.device)
+            if accelerator.reduce(exhausted, reduction="sum").item():
+                break
+            position["blocks"] += len(batch["input_ids"])
+            yielded += 1
+            yield {name: value.to(accelerator.device) for name, value in batch.items()}
+        if yielded == 0 and position["blocks"] == 0:
+            raise ValueError("the training stream holds fewer tokens than one block on some process; give more text, "
+                             "a smaller --block-size, or fewer processes")  # fmt: skip
+        position["pass"], position["blocks"] = position["pass"] + 1, 0
+
+
+def save_checkpoint(
+    accelerator, tokenizer, run, step: int, log_history: list, model_config: dict, stream_position: dict | None = None
+) -> None:
     """`checkpoint-<step>`: every process's part of the state, the tokenizer and the loop state, named in the run record
     before any process writes it, and its files recorded with the run's id once all are written (`run_folder.Run`), which
     also keeps only the newest --save-total-limit of the run's checkpoints."""
@@ -307,11 +400,17 @@ def save_checkpoint(accelerator, tokenizer, run, step: int, log_history: list, m
     accelerator.wait_for_everyone()
     logging.getLogger("accelerate.utils.other").addFilter(TIED_WEIGHTS_NOTICE)
     accelerator.save_state(folder)
+    if stream_position is not None:
+        from accelerate.utils import gather_object
+
+        # Each process's own count: the last batch of a pass can be shorter on one process than on another.
+        stream_positions = gather_object([stream_position])
     if accelerator.is_main_process:
         tokenizer.save_pretrained(folder)
-        atomic_files.write_json(
-            os.path.join(folder, STATE_FILE), {"step": step, "log_history": log_history, "model_config": model_config}
-        )
+        state = {"step": step, "log_history": log_history, "model_config": model_config}
+        if stream_position is not None:
+            state["stream_positions"] = stream_positions  # by process index
+        atomic_files.write_json(os.path.join(folder, STATE_FILE), state)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         run.wrote(folder)

@@ -5,10 +5,24 @@
     python recipes/train_vit.py --data path/to/images --image-size 64 --patch-size 8
     python recipes/train_vit.py --metric-context token --attn eager --max-steps 200
     python recipes/train_vit.py --resume                            # continue the latest checkpoint of runs/vit-fashion-mnist
+    python recipes/train_vit.py --model-name-or-path google/vit-base-patch16-224 --data path/to/images   # fine-tune
 
-An image folder is laid out as `<folder>/<label>/<image>` (or with `train/` and `validation/` inside). Images go
+    python recipes/train_vit.py --train-file images.parquet --image-column-name img --label-column-name kind
+    python recipes/train_vit.py --dataset-name path/to/saved_dataset --validation-split test
+
+Data, as transformers' run_image_classification.py takes it: `--dataset-name` (a Hub id, a local dataset folder, an
+image folder or a `save_to_disk` folder; `--dataset-config-name`, `--train-split`, `--validation-split`) or
+`--train-file` / `--validation-file` (json/jsonl, csv or parquet, by extension), with `--image-column-name` and
+`--label-column-name`; without a validation split or file, `--validation-split-percentage` of the images is held out.
+The presets (`--data`) are Fashion-MNIST and an image folder, laid out as `<folder>/<label>/<image>` (or with
+`train/` and `validation/` inside). Images go
 through `ViTImageProcessor` and, for training, a random reflect-padded crop and a left-right flip (torch ops). The
 model and its image processor are saved to `<output-dir>/final` with a model card (`damcha_hf.hub`).
+
+`--model-name-or-path` (a Hub id or a local folder) starts from a pretrained ViT: a
+stock checkpoint is converted to DAMCHA with every weight kept (its outputs unchanged before the first step), a DAMCHA
+checkpoint is fine-tuned as it is; its image processor and image size are used, and a classifier with other labels
+than the data's is replaced by a new one.
 
 On `--resume`, the checkpoint's model settings win: a model flag left out takes the checkpoint's value, one given with
 a different value is refused (naming every such flag).
@@ -21,10 +35,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import image_data  # standard library only: torch and transformers are imported after the arguments are parsed
+import pretrained_model
 import recipe_options
 import run_folder
 
 from damcha_hf import argument_checks as checks
+from damcha_hf import data_sources
 from damcha_hf.safe_files import checkpoint_checks
 
 
@@ -32,26 +48,50 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = checks.ArgumentParser(description=__doc__, formatter_class=checks.HelpFormatter)
     image_data.add_image_data_arguments(parser)
     image_data.add_vit_size_arguments(parser)
-    parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model")
+    parser.add_argument("--init-from", help="start from this checkpoint folder instead of a new model (its size; the "
+                        "--cross-head-variant and variant flags given apply to an MHA checkpoint, cross_head_variant "
+                        "none, each variant starting as its function, and are refused on another one)")  # fmt: skip
+    pretrained_model.add_pretrained_argument(parser, "ViT")
     recipe_options.add_metric_arguments(parser)
     recipe_options.add_training_arguments(parser, output_dir="runs/vit-{settings}", batch_size=64, learning_rate=1e-3,
                                           max_steps=2000, max_eval_samples=2000,
                                           output_dir_example="runs/vit-fashion-mnist")  # fmt: skip
     args = recipe_options.parse_checked(parser, argv, run_name=lambda args: recipe_options.run_folder_name(
-        args.cross_head_variant, args.metric_context, args.data))  # fmt: skip
-    if not args.init_from:
+        args.cross_head_variant, args.metric_context, image_data.data_label(args)))  # fmt: skip
+    if not args.model_name_or_path and not args.init_from:
         checks.check_heads_divide_width(parser, args.hidden_size, args.num_heads, width_flag="--hidden-size",
                                         heads_flag="--num-heads")  # fmt: skip
     if args.init_from and not os.path.isdir(args.init_from):
         parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
     if args.init_from:  # a damaged file is named now, before any data is read
         checks.check_output(parser, checkpoint_checks.check_checkpoint_files, args.init_from)
-    image_data.check_image_data(parser, args.data)
-    if args.data == "fashion-mnist" and not os.path.isdir(args.fashion_mnist_dir):
+    if not args.model_name_or_path:  # a pretrained checkpoint's are checked with it (`check_pretrained`)
+        recipe_options.check_variant_flags(
+            parser,
+            args,
+            sizes={"hidden_size": args.hidden_size, "num_attention_heads": args.num_heads},
+            size_flags={"hidden_size": "--hidden-size", "num_attention_heads": "--num-heads"},
+            checkpoint=args.init_from,
+        )
+    pretrained_model.check_pretrained(parser, args, pretrained_model.IMAGE_CLASSIFICATION,
+                                      new_model_flags=NEW_MODEL_FLAGS)  # fmt: skip
+    if args.model_name_or_path:
+        saved_size = args.pretrained_config.get("image_size")
+        if args.image_size is not None and saved_size is not None and args.image_size != saved_size:
+            parser.error(f"--image-size {args.image_size}: the --model-name-or-path checkpoint takes {saved_size}-pixel "
+                         "images (its position embeddings are learned at that size); leave --image-size out")  # fmt: skip
+        args.image_size = args.image_size or saved_size
+    image_data.check_image_data_arguments(parser, args)
+    preset = not data_sources.uses_datasets_flags(args)
+    if preset and args.data == "fashion-mnist" and not os.path.isdir(args.fashion_mnist_dir):
         parser.error(f"--fashion-mnist-dir {args.fashion_mnist_dir} does not exist: on Debian/Ubuntu `apt-get install "
                      "dataset-fashion-mnist` puts the idx files in /usr/share/datasets/fashion-mnist; or pass the "
                      "folder that holds them, or --data an image folder")  # fmt: skip
     return args
+
+
+# The flags that shape a new model: a pretrained checkpoint brings its own shape.
+NEW_MODEL_FLAGS = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_ratio", "dropout")
 
 
 def build_model(args, labels, channels, image_size):
@@ -60,11 +100,20 @@ def build_model(args, labels, channels, image_size):
     import damcha_hf
 
     label_maps = {"id2label": dict(enumerate(labels)), "label2id": {name: i for i, name in enumerate(labels)}}
+    if args.model_name_or_path:
+        saved_channels = args.pretrained_config.get("num_channels", channels)
+        if saved_channels != channels:
+            raise ValueError(f"--data has {channels}-channel images but the --model-name-or-path checkpoint takes "
+                             f"{saved_channels}-channel ones; give images with {saved_channels} channels")  # fmt: skip
+        # A classifier for other labels is replaced by a new one (transformers' `ignore_mismatched_sizes`).
+        return pretrained_model.load_pretrained_model(
+            args, num_labels=len(labels), ignore_mismatched_sizes=True, **label_maps
+        )
     if args.init_from:
         with checkpoint_checks.loading_checkpoint(args.init_from, "the --init-from checkpoint"):
             return AutoModelForImageClassification.from_pretrained(
                 args.init_from, num_labels=len(labels), ignore_mismatched_sizes=True, attn_implementation=args.attn,
-                **label_maps,
+                **label_maps, **recipe_options.metric_options(args),
             )  # fmt: skip
     config = damcha_hf.DamchaViTConfig(
         **image_data.vit_config_options(args, channels, image_size), num_labels=len(labels), **label_maps
@@ -81,7 +130,7 @@ def main(argv=None) -> dict:
         run_folder.check_resume_settings(
             args, resume, image_data.VIT_MODEL_FLAGS, run_folder.saved_model_config(resume)
         )
-    datasets = run_folder.card_datasets(args.data)  # what the card will say, settled before training
+    datasets = run_folder.card_datasets(image_data.data_label(args))  # what the card will say, settled before training
     recipe_options.check_push(args)
     run = run_folder.start_run(args, resume)
 
@@ -91,7 +140,10 @@ def main(argv=None) -> dict:
 
     set_seed(args.seed)
     splits, labels, channels, image_size = image_data.image_datasets(args)
-    processor = image_data.image_processor(image_size, channels)
+    processor = None
+    if args.model_name_or_path:
+        processor = pretrained_model.load_pretrained_image_processor(args)  # None: a folder without one
+    processor = processor or image_data.image_processor(image_size, channels)
     image_data.attach_image_transforms(splits, processor, augment=not args.no_augment, image_size=image_size)
     model = build_model(args, labels, channels, image_size)
     if resume:
@@ -116,7 +168,8 @@ def main(argv=None) -> dict:
     sample = image_data.image_collate([splits["validation"][i] for i in range(min(4, len(splits["validation"])))])
     card = {"datasets": datasets, "heatmap_inputs": {"pixel_values": sample["pixel_values"]},
             "heatmap_description": f"the first {len(sample['pixel_values'])} validation images of the training run",
-            "eval_results": {"accuracy": metrics["eval_accuracy"]}}  # fmt: skip
+            "eval_results": {"accuracy": metrics["eval_accuracy"]},
+            "base_model": pretrained_model.card_base_model(args)}  # fmt: skip
     run_folder.save_final_model(trainer.model, final, tokenizer_or_processor=processor,
                                 log_history=trainer.state.log_history, **card)  # fmt: skip
     run_folder.finish_run(args, final, metrics)

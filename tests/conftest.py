@@ -44,6 +44,43 @@ def pytest_ignore_collect(collection_path, config):
 # `cache` from 5.24 on), so that the tests run on every version the package supports.
 CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(GPT2LMHeadModel.forward).parameters else "past_key_values"
 
+
+def enable_activation_checkpointing(model, use_reentrant: bool | None = None) -> None:
+    """Turn on activation (gradient) checkpointing by the installed transformers' name for it: recent releases call
+    it `activation_checkpointing_enable` (and deprecate `gradient_checkpointing_enable`), 5.16 to 5.22 have only the
+    older name, whose keyword for the checkpoint function's options is `gradient_checkpointing_kwargs`."""
+    options = {} if use_reentrant is None else {"use_reentrant": use_reentrant}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(**({"activation_checkpointing_kwargs": options} if options else {}))
+    else:
+        model.gradient_checkpointing_enable(**({"gradient_checkpointing_kwargs": options} if options else {}))
+
+
+def disable_activation_checkpointing(model) -> None:
+    """Turn activation checkpointing off, by the installed release's name for it (see the above)."""
+    (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+
+
+def _auto_image_processor_usable() -> bool:
+    """transformers 5.16 offers `AutoImageProcessor` only with torchvision installed (without it, a placeholder that
+    raises ImportError on use, for stock ViT as for DAMCHA's); later releases fall back to the PIL processors."""
+    from transformers import AutoImageProcessor
+
+    try:
+        AutoImageProcessor.from_pretrained  # noqa: B018  (the placeholder raises on attribute access)
+    except ImportError:
+        return False
+    return True
+
+
+AUTO_IMAGE_PROCESSOR_USABLE = _auto_image_processor_usable()
+needs_auto_image_processor = pytest.mark.skipif(
+    not AUTO_IMAGE_PROCESSOR_USABLE,
+    reason="this transformers release offers AutoImageProcessor only with torchvision, which is not installed "
+    "(stock ViT cannot load its image processor here either)",
+)
+
+
 TINY_GPT2 = dict(
     vocab_size=97,
     n_positions=64,
@@ -206,3 +243,79 @@ def write_gcide(path, size: int = 50_000, seed: int = 0) -> str:
     with gzip.open(path, "wb", compresslevel=1) as handle:
         handle.write("".join(blocks).encode())
     return str(path)
+
+
+def write_rows(path, rows: list[dict]) -> str:
+    """`rows` written as the data file `path` names by its extension, the way people hand data to `datasets`: .parquet
+    (pyarrow), .jsonl / .json (one object a line), .csv (a header, then the rows), .txt (the `text` field, a line
+    each)."""
+    import csv
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = str(path)
+    if path.endswith(".parquet"):
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif path.endswith((".jsonl", ".json")):
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(row) + "\n" for row in rows)
+    elif path.endswith(".csv"):
+        with open(path, "w", encoding="utf-8", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    elif path.endswith(".txt"):
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.writelines(row["text"] + "\n" for row in rows)
+    else:
+        raise ValueError(f"write_rows: no writer for {path}")
+    return path
+
+
+def word_documents(count: int, *, seed: int = 0, words: int = 12) -> list[str]:
+    """`count` short documents of random words, the same for the same seed."""
+    vocabulary = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "then", "runs", "far"]
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(vocabulary) for _ in range(words)) for _ in range(count)]
+
+
+def png_bytes(pixels: np.ndarray) -> bytes:
+    """A PNG file's bytes of a uint8 array (height x width: grayscale; height x width x 3: RGB)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def image_rows(count: int, *, size: int = 8, classes=("dark", "light"), seed: int = 0) -> list[dict]:
+    """`count` rows of {"img": {"bytes": PNG}, "kind": class name}: dark and light noise images, a task a model can
+    learn; in the layout `datasets` writes an `Image` column to parquet."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for index in range(count):
+        kind = index % len(classes)
+        base = 40 + 160 * kind
+        pixels = np.clip(base + rng.integers(-30, 30, (size, size)), 0, 255).astype(np.uint8)
+        rows.append({"img": {"bytes": png_bytes(pixels), "path": None}, "kind": classes[kind]})
+    return rows
+
+
+RECIPES_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+
+
+def load_recipe_module(name: str):
+    """A recipe script (`recipes/<name>.py`) imported as a module, its helper modules importable beside it."""
+    import importlib.util
+    import sys
+
+    if RECIPES_FOLDER not in sys.path:
+        sys.path.insert(0, RECIPES_FOLDER)
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", os.path.join(RECIPES_FOLDER, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

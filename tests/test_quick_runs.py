@@ -23,6 +23,7 @@ import pytest
 from conftest import write_fashion_mnist, write_gcide
 
 from damcha_hf import data_sources
+from damcha_hf.optional_packages import EXTRAS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 README = REPO_ROOT / "README.md"
@@ -66,12 +67,17 @@ DATA_SETS = {
 INSTALL_COMMAND = "apt-get update && apt-get install -y dataset-fashion-mnist dict-gcide"
 
 
+# A quick run's need of a setup.cfg extra, as the table names it: "the `seq2seq` extra".
+EXTRA = re.compile(r"^the `(?P<name>[\w-]+)` extra$")
+
+
 @dataclass(frozen=True)
 class QuickRun:
     command: str
     needs: tuple[str, ...]  # names of DATA_SETS
     stated_seconds: float
     measured_load: float
+    extras: tuple[str, ...] = ()  # names of setup.cfg extras (damcha_hf.optional_packages.EXTRAS)
 
     def __str__(self) -> str:
         return self.command
@@ -79,15 +85,14 @@ class QuickRun:
 
 def quick_runs() -> list[QuickRun]:
     """Every row of the README's quick-run table."""
-    return [
-        QuickRun(
-            match["command"],
-            () if match["needs"] == "nothing" else tuple(name.strip() for name in match["needs"].split(",")),
-            float(match["time"]) * SECONDS[match["unit"]],
-            float(match["load"]),
-        )
-        for match in QUICK_RUN_ROW.finditer(README.read_text())
-    ]
+    runs = []
+    for match in QUICK_RUN_ROW.finditer(README.read_text()):
+        needs = () if match["needs"] == "nothing" else tuple(name.strip() for name in match["needs"].split(","))
+        extras = tuple(EXTRA.match(name)["name"] for name in needs if EXTRA.match(name))
+        data_sets = tuple(name for name in needs if not EXTRA.match(name))
+        seconds = float(match["time"]) * SECONDS[match["unit"]]
+        runs.append(QuickRun(match["command"], data_sets, seconds, float(match["load"]), extras))
+    return runs
 
 
 def test_the_readme_lists_the_quick_runs():
@@ -100,6 +105,7 @@ def test_the_readme_lists_the_quick_runs():
     assert any("--tokenizer bpe" in command for command in commands)
     for run in runs:
         assert set(run.needs) <= set(DATA_SETS), f"{run.command}: needs {run.needs}; expected 'nothing' or {DATA_SETS}"
+        assert set(run.extras) <= set(EXTRAS), f"{run.command}: needs the extras {run.extras}; setup.cfg has {EXTRAS}"
     assert {name for run in runs for name in run.needs} == set(DATA_SETS)
     assert f"`{INSTALL_COMMAND}`" in " ".join(README.read_text().split())
     assert all(data_set.package in INSTALL_COMMAND for data_set in DATA_SETS.values())

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import tiny_damcha_gpt2_config, write_fashion_mnist, write_gcide
+from tiny_checkpoints import DECODER_TYPES, write_stock_decoder
 
 import damcha_hf
 from damcha_hf.cli import main as cli_main
@@ -53,6 +54,15 @@ def test_documented_train_gpt2_commands_get_distinct_output_folders(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     commands = documented_commands("train_gpt2.py")
     assert len(commands) >= 2
+    # The pretrained checkpoints and the corpus the commands name, as a user's folder holds them (a relative path that
+    # exists is a local folder, a Hub id's shape included).
+    for arguments in commands:
+        if "--model-name-or-path" in arguments:
+            model = arguments[arguments.index("--model-name-or-path") + 1]
+            model_type = next(name for name in DECODER_TYPES if name.replace("2", "-2") in model.lower()
+                              or name in model.lower())  # fmt: skip
+            write_stock_decoder(tmp_path / model, model_type)
+    Path("corpus.txt").write_text("a few words of text\n" * 200)
     recipe = load_recipe("train_gpt2")
     folders = [Path(recipe.parse_args(arguments).output_dir).resolve() for arguments in commands]
     assert len(set(folders)) == len(folders), folders

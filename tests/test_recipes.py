@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import needs_auto_image_processor
 from PIL import Image
 from transformers import (
     AutoModelForCausalLM,
@@ -136,8 +137,10 @@ def test_train_gpt2_recipe_saves_a_stock_baseline(tmp_path, corpus, model_type, 
     """The MHA baseline a user trains beside DAMCHA: a stock model needs no remote code, so its final save must not
     demand an auto_map (it used to fail after training), and it loads with transformers' own class."""
     extra = ["--n-kv-head", "2"] if model_type == "llama" else []
+    index = TINY_GPT2_ARGS.index("--metric-hidden-size")  # a stock model has no generator: the flag is refused
+    stock_args = TINY_GPT2_ARGS[:index] + TINY_GPT2_ARGS[index + 2 :]
     result = load_recipe("train_gpt2").main([
-        "--data", corpus, *TINY_GPT2_ARGS, "--max-steps", "2", "--output-dir", str(tmp_path),
+        "--data", corpus, *stock_args, "--max-steps", "2", "--output-dir", str(tmp_path),
         "--model-type", model_type, *extra,
     ])  # fmt: skip
     assert result["global_step"] == 2
@@ -422,6 +425,7 @@ def test_lora_upgrades_a_grouped_query_llama_and_merges_exactly(tmp_path, corpus
         torch.testing.assert_close(merged.eval()(ids).logits, peft_model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
 
 
+@needs_auto_image_processor
 def test_vit_image_processor_warns_of_no_missing_torchvision_and_normalises_as_configured(tmp_path):
     """The recipes' ViT image processor, made and reloaded in a fresh process (transformers warns once per process):
     no "requires torchvision" warning where torchvision is missing, and pixels scaled to (x / 255 - 0.5) / 0.5."""
@@ -509,3 +513,256 @@ def main_cli_error(argv: list[str], capsys) -> str:
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
     return lines[0]
+
+
+# ----------------------------------------------------------------------------------------- attention-variant flags
+# Every recipe that takes the variant flags, and what its parser needs besides them to get as far as checking them.
+def variant_recipe_arguments(name: str, tmp_path, base: str) -> list[str]:
+    from conftest import write_fashion_mnist
+
+    out = ["--output-dir", str(tmp_path / f"run-{name}")]
+    if name in ("train_vit", "train_diffusion"):
+        pytest.importorskip("diffusers") if name == "train_diffusion" else None
+        folder = tmp_path / "fashion-mnist"
+        if not folder.exists():
+            write_fashion_mnist(folder)
+        return ["--fashion-mnist-dir", str(folder), "--hidden-size", "32", "--num-heads", "4", *out]
+    if name == "finetune_lora":
+        return ["--base", base, *out]
+    return ["--n-embd", "32", "--n-head", "4", *out] if name.startswith("train_gpt2") else out
+
+
+VARIANT_RECIPES = ["train_gpt2", "train_gpt2_accelerate", "train_vit", "train_bart", "train_diffusion", "finetune_lora"]
+
+
+@pytest.mark.parametrize(
+    ("name", "model_type", "flags"),
+    [("train_gpt2", "gpt2", ["--cross-head-variant", "moa"]),
+     ("train_gpt2", "llama", ["--cross-head-variant", "colmha"]),
+     ("train_gpt2", "gpt2", ["--metric-context", "query"]),
+     ("train_gpt2_accelerate", "gpt2", ["--moa-top-k", "2"]),
+     ("train_gpt2_accelerate", "llama", ["--metric-mask", "diagonal"]),
+     ("train_bart", "bart", ["--cross-head-variant", "dcmha"]),
+     ("train_bart", "bart", ["--metric-hidden-size", "8"])],
+)  # fmt: skip
+def test_variant_flags_on_a_plain_model_type_are_refused_while_parsing(name, model_type, flags, tmp_path, capsys):
+    """A plain model type is stock multi-head attention: it has no variant fields, so a variant flag would train the
+    stock model without a word. Refused in one line naming the flag and the DAMCHA model type that takes it."""
+    argv = [*variant_recipe_arguments(name, tmp_path, ""), "--model-type", model_type, *flags]
+    message = parse_error(name, argv, capsys)
+    assert f"--model-type {model_type} is plain {model_type}" in message
+    assert f"{flags[0]} applies to damcha_{model_type}; use --model-type damcha_{model_type}" in message
+    # The oracle: the stock config has no such field, and the DAMCHA one takes the setting.
+    field = flags[0][2:].replace("-", "_")
+    stock = {"gpt2": "GPT2Config", "llama": "LlamaConfig", "bart": "BartConfig"}[model_type]
+    assert field not in vars(getattr(__import__("transformers"), stock)())
+    assert not (tmp_path / f"run-{name}").exists()
+
+
+@pytest.mark.parametrize("name", VARIANT_RECIPES)
+@pytest.mark.parametrize(
+    ("flags", "owner", "chosen"),
+    [(["--colmha-key-dim", "8"], "colmha", "damcha (the default)"),
+     (["--cross-head-variant", "moa", "--metric-mask", "diagonal"], "damcha", "moa (given)"),
+     (["--cross-head-variant", "damcha", "--dcmha-rank", "2"], "dcmha", "damcha (given)"),
+     (["--cross-head-variant", "none", "--moa-z-loss-coef", "0.5"], "moa", "none (given)")],
+)  # fmt: skip
+def test_another_variants_flags_are_refused_in_every_recipe(name, flags, owner, chosen, tmp_path, pretrained_gpt2,
+                                                            capsys):  # fmt: skip
+    argv = [*variant_recipe_arguments(name, tmp_path, pretrained_gpt2), *flags]
+    message = parse_error(name, argv, capsys)
+    flag = next(flag for flag in flags if flag.startswith("--") and flag != "--cross-head-variant")
+    assert f"{flag} is a setting of --cross-head-variant {owner}, not of {chosen}, which would ignore it" in message
+    assert f"add --cross-head-variant {owner}, or leave {flag} out" in message
+    # The oracle: the variant that declares the field is the one the message names.
+    from damcha_hf.modeling.variants import VARIANTS
+
+    assert flag[2:].replace("-", "_") in VARIANTS[owner].fields
+
+
+def config_accepts(field: str, value, owner: str) -> bool:
+    try:
+        damcha_hf.DamchaGPT2Config(n_embd=32, n_head=4, cross_head_variant=owner, **{field: value})
+    except ValueError:
+        return False
+    return True
+
+
+NUMBER_TEXTS = ["0", "1", "2", "0.5", "0.02", "-1", "1e-3", "nan", "two"]
+
+
+def numeric_variant_fields():
+    from damcha_hf.modeling.damcha_config import VARIANT_FIELDS
+    from damcha_hf.modeling.variants import VARIANTS
+
+    owners = {field: name for name, variant in VARIANTS.items() for field in variant.fields}
+    return [(field, owners[field]) for field, spec in VARIANT_FIELDS.items() if not spec.rule.choices]
+
+
+@pytest.mark.parametrize(("field", "owner"), numeric_variant_fields())
+def test_each_variant_flag_takes_exactly_what_its_config_field_accepts(field, owner, tmp_path, capsys):
+    """A flag is typed from its field's declared type and range: the config class is the oracle. `--moa-z-loss-coef 0`
+    and `--moa-balance-loss-coef 0.02` are floats the config takes; `--moa-top-k 0.5` an integer field refuses."""
+    import ast
+    import typing
+
+    from damcha_hf.modeling.damcha_config import VARIANT_FIELDS
+
+    recipe = load_recipe("train_gpt2")
+    flag = "--" + field.replace("_", "-")
+    declared = typing.get_args(VARIANT_FIELDS[field].type) or (VARIANT_FIELDS[field].type,)
+    for index, text in enumerate(NUMBER_TEXTS):
+        try:
+            value = ast.literal_eval(text)
+        except ValueError:
+            value = text
+        if float in declared and type(value) is int:  # "0" is the number 0.0 to a float field
+            value = float(value)
+        argv = ["--n-embd", "32", "--n-head", "4", "--cross-head-variant", owner, flag, text,
+                "--output-dir", str(tmp_path / f"run{index}")]  # fmt: skip
+        if config_accepts(field, value, owner):
+            args = recipe.parse_args(argv)
+            assert getattr(args, field) == value and type(getattr(args, field)) is type(value), text
+            config = recipe.text_data.language_model_config(args, 257)
+            assert getattr(config, field) == value
+        else:
+            message = parse_error("train_gpt2", argv, capsys)
+            assert f"argument {flag}: must be" in message and repr(text) in message, message
+
+
+def test_moa_loss_coefficients_are_floats_and_reach_the_model(tmp_path):
+    recipe = load_recipe("train_gpt2")
+    args = recipe.parse_args(["--cross-head-variant", "moa", "--moa-balance-loss-coef", "0.02", "--moa-z-loss-coef",
+                              "0", "--output-dir", str(tmp_path / "run")])  # fmt: skip
+    config = recipe.text_data.language_model_config(args, 257)
+    assert (config.moa_balance_loss_coef, config.moa_z_loss_coef) == (0.02, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named", "field", "config"),
+    [(["--cross-head-variant", "moa", "--moa-top-k", "5"], "--moa-top-k (5) is more than --n-head (4)", "moa_top_k",
+      {"cross_head_variant": "moa", "moa_top_k": 5}),
+     (["--cross-head-variant", "colmha", "--colmha-key-dim", "33"], "--colmha-key-dim (33) is wider than",
+      "colmha_key_dim", {"cross_head_variant": "colmha", "colmha_key_dim": 33}),
+     (["--model-type", "damcha_llama", "--n-kv-head", "2", "--cross-head-variant", "colmha"],
+      "--n-kv-head (2) is not --n-head (4)", "num_key_value_heads",
+      {"cross_head_variant": "colmha", "num_key_value_heads": 2})],
+)  # fmt: skip
+@pytest.mark.parametrize("name", ["train_gpt2", "train_gpt2_accelerate"])
+def test_flags_that_build_a_config_it_refuses_are_refused_while_parsing_naming_the_flags(
+    name, flags, named, field, config, tmp_path, capsys
+):
+    """Checked right after parsing, before any data is read, by the config's own rules; the message names the flags a
+    user typed, not the config fields."""
+    message = parse_error(name, ["--n-embd", "32", "--n-head", "4", *flags, "--output-dir", str(tmp_path / "r")],
+                          capsys)  # fmt: skip
+    assert named in message and f"`{field}`" not in message, message
+    # The oracle: the config class the recipe would build refuses the same settings.
+    config_class = damcha_hf.DamchaLlamaConfig if "damcha_llama" in flags else damcha_hf.DamchaGPT2Config
+    sizes = {"hidden_size": 32, "num_attention_heads": 4} if "damcha_llama" in flags else {"n_embd": 32, "n_head": 4}
+    with pytest.raises(ValueError, match=field):
+        config_class(**sizes, **config)
+
+
+@pytest.mark.parametrize(
+    ("name", "sizes", "heads_flag"),
+    [("train_vit", ["--hidden-size", "32", "--num-heads", "4"], "--num-heads"),
+     ("train_diffusion", ["--hidden-size", "32", "--num-heads", "4"], "--num-heads"),
+     ("train_bart", ["--d-model", "32", "--heads", "4"], "--heads")],
+)  # fmt: skip
+def test_every_recipe_checks_the_config_its_variant_flags_build(name, sizes, heads_flag, tmp_path, capsys):
+    arguments = [*variant_recipe_arguments(name, tmp_path, ""), *sizes]
+    message = parse_error(name, [*arguments, "--cross-head-variant", "moa", "--moa-top-k", "5"], capsys)
+    assert f"--moa-top-k (5) is more than {heads_flag} (4); use at most 4" in message, message
+    message = parse_error(name, [*arguments, "--cross-head-variant", "colmha", "--colmha-key-dim", "33"], capsys)
+    assert "--colmha-key-dim (33) is wider than all heads' query width (32); use at most 32" in message, message
+
+
+@pytest.fixture(scope="module")
+def init_checkpoints(tmp_path_factory) -> dict[str, str]:
+    """Tiny GPT-2 checkpoints to start from: DAMCHA (its generator trained away from zero), DAMCHA with
+    cross_head_variant none (MHA), and plain GPT-2; and a plain ViT."""
+    from conftest import randomize_cross_head
+    from transformers import ViTConfig, ViTForImageClassification
+
+    root = tmp_path_factory.mktemp("init-from")
+    shape = {"vocab_size": 257, "n_positions": 32, "n_embd": 32, "n_layer": 1, "n_head": 4, "bos_token_id": 256,
+             "eos_token_id": 256, "pad_token_id": 256}  # fmt: skip
+    torch.manual_seed(0)
+    damcha = damcha_hf.DamchaGPT2LMHeadModel(damcha_hf.DamchaGPT2Config(**shape, metric_hidden_size=8))
+    randomize_cross_head(damcha)
+    models = {
+        "damcha": damcha,
+        "mha": damcha_hf.DamchaGPT2LMHeadModel(damcha_hf.DamchaGPT2Config(**shape, cross_head_variant="none")),
+        "plain": GPT2LMHeadModel(GPT2Config(**shape)),
+        "plain-vit": ViTForImageClassification(ViTConfig(image_size=28, patch_size=4, num_channels=1, hidden_size=32,
+                                                         num_hidden_layers=1, num_attention_heads=4,
+                                                         intermediate_size=64, num_labels=10)),
+    }  # fmt: skip
+    for name, model in models.items():
+        model.save_pretrained(root / name)
+    return {name: str(root / name) for name in models}
+
+
+@pytest.mark.parametrize(("variant", "flags"), [("moa", ["--moa-top-k", "4"]), ("dcmha", []), ("damcha", [])])
+def test_init_from_an_mha_checkpoint_applies_the_variant_flags_starting_as_its_function(
+    variant, flags, init_checkpoints, tmp_path
+):
+    """From an MHA checkpoint every variant flag applies (they used to be dropped: the checkpoint's own attention was
+    trained), and each variant starts as the checkpoint's exact function."""
+    from transformers import AutoModelForCausalLM
+
+    recipe = load_recipe("train_gpt2")
+    args = recipe.parse_args(["--init-from", init_checkpoints["mha"], "--block-size", "32", "--cross-head-variant",
+                              variant, *flags, "--attn", "eager", "--output-dir", str(tmp_path / "run")])  # fmt: skip
+    model = recipe.build_model(args, byte_level_tokenizer(model_max_length=32)).eval()
+    assert model.config.cross_head_variant == variant
+    if flags:
+        assert model.config.moa_top_k == 4
+    reference = AutoModelForCausalLM.from_pretrained(init_checkpoints["mha"], attn_implementation="eager").eval()
+    tokens = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens).logits, reference(tokens).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [(["--cross-head-variant", "moa"], "--cross-head-variant moa: the --init-from checkpoint's attention is damcha "
+      "with cross_head_variant=damcha"),
+     (["--metric-context", "query"], "--metric-context query: the --init-from checkpoint's attention is damcha with "
+      "metric_context=token"),
+     (["--metric-hidden-size", "16"], "--metric-hidden-size 16: the --init-from checkpoint's attention is damcha with "
+      "metric_hidden_size=8")],
+)  # fmt: skip
+@pytest.mark.parametrize("name", ["train_gpt2", "train_vit", "train_diffusion", "finetune_lora"])
+def test_init_from_a_trained_variant_refuses_flags_that_would_change_it(name, flags, expected, init_checkpoints,
+                                                                        tmp_path, capsys):  # fmt: skip
+    """The variant's trained weights would be dropped (another variant) or read under other settings: training would
+    not start from the checkpoint's function, which --init-from (and --base) promise."""
+    checkpoint_flag = "--base" if name == "finetune_lora" else "--init-from"
+    arguments = variant_recipe_arguments(name, tmp_path, init_checkpoints["damcha"])
+    if name != "finetune_lora":
+        arguments = ["--init-from", init_checkpoints["damcha"], *arguments]
+    message = parse_error(name, [*arguments, *flags], capsys)
+    expected = expected.replace("--init-from", checkpoint_flag)
+    assert expected in message and f"Leave {flags[0]} out (the checkpoint's value is used)" in message
+    # The oracle: the checkpoint's saved settings.
+    saved = json.loads((Path(init_checkpoints["damcha"]) / "config.json").read_text())
+    assert (saved["cross_head_variant"], saved["metric_context"], saved["metric_hidden_size"]) == ("damcha", "token", 8)
+    # The checkpoint's own values are no change: taken.
+    args = load_recipe("train_gpt2").parse_args(["--init-from", init_checkpoints["damcha"], "--metric-context",
+                                                 "token", "--output-dir", str(tmp_path / "same")])  # fmt: skip
+    assert args.metric_context == "token"
+
+
+@pytest.mark.parametrize(("name", "checkpoint"), [("train_gpt2", "plain"), ("train_vit", "plain-vit")])
+def test_init_from_a_plain_checkpoint_refuses_variant_flags(name, checkpoint, init_checkpoints, tmp_path, capsys):
+    from conftest import write_fashion_mnist
+
+    extra = ["--fashion-mnist-dir", write_fashion_mnist(tmp_path / "fm")] if name == "train_vit" else []
+    argv = ["--init-from", init_checkpoints[checkpoint], "--cross-head-variant", "damcha", *extra, "--output-dir",
+            str(tmp_path / "run")]  # fmt: skip
+    message = parse_error(name, argv, capsys)
+    model_type = json.loads((Path(init_checkpoints[checkpoint]) / "config.json").read_text())["model_type"]
+    assert f"holds a plain {model_type} model" in message and "would ignore --cross-head-variant" in message
+    assert "damcha_hf.convert_to_damcha" in message

@@ -112,7 +112,7 @@ def _fastest_thread_count(model, batch) -> int:
     for threads in candidates + candidates:  # twice each: the first call also pays one-off costs
         torch.set_num_threads(threads)
         start = time.perf_counter()
-        model(input_ids=batch, labels=batch).loss.backward()
+        model(input_ids=batch, attention_mask=torch.ones_like(batch), labels=batch).loss.backward()
         timings[threads] = time.perf_counter() - start
     model.zero_grad(set_to_none=True)
     return min(timings, key=timings.get)
@@ -129,7 +129,10 @@ def block_nll(model, blocks, batch_size):
     with torch.no_grad():
         for start in range(0, len(blocks), batch_size):
             batch = blocks[start : start + batch_size]
-            values.append(causal_lm_token_nll(model(input_ids=batch).logits, batch).double().mean(dim=1))
+            # Full blocks: every position attends. The mask says so, where the end-of-text token (also the padding
+            # token) inside a block would otherwise draw transformers' "passing in an attention_mask" warning.
+            logits = model(input_ids=batch, attention_mask=torch.ones_like(batch)).logits
+            values.append(causal_lm_token_nll(logits, batch).double().mean(dim=1))
     model.train()
     return torch.cat(values)
 
@@ -344,7 +347,9 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
         losses = {}
         for name, loop in loops.items():
             learning_rate = loop.learning_rate()
-            losses[name] = loop.step({"input_ids": batch, "labels": batch}, label=name)
+            losses[name] = loop.step(
+                {"input_ids": batch, "attention_mask": torch.ones_like(batch), "labels": batch}, label=name
+            )
             histories[name].append({"step": step, "loss": losses[name], "learning_rate": learning_rate})
         progress.update(1)
         progress.set_postfix({f"{name} loss": f"{value:.3f}" for name, value in losses.items()}, refresh=False)
@@ -431,10 +436,11 @@ def _train_compare_and_save(args: argparse.Namespace) -> int:
     summary = {"steps": step, "results": results, "comparison": comparison, "validation": validation_note,
                "time": timing, "log_history": histories, "sample": sample}  # fmt: skip
     # The loss curves' points are evaluations on the first CURVE_EVAL_BLOCKS of the validation blocks; the figures
-    # above on all of them: the card says so where the two differ.
+    # above on all of them: the card says so where the two differ (under the training table and under the evaluation
+    # table, so the sentence names no direction).
     log_evaluation = (
         f"on the first {len(curve_blocks)} of the {len(eval_blocks)} validation blocks (the loss curve's points); the "
-        f"evaluation results below use all {len(eval_blocks)}"
+        f"evaluation results use all {len(eval_blocks)}"
         if len(curve_blocks) < len(eval_blocks)
         else None
     )

@@ -8,6 +8,7 @@ them when called. The statistics need scipy (`pip install -e ".[experiments]"` i
 
 from __future__ import annotations
 
+import json
 import platform
 import statistics
 from collections.abc import Callable
@@ -16,6 +17,49 @@ from dataclasses import dataclass
 GPT2_CONTEXTS = ("token", "query")  # "sequence" is refused by causal models (it would leak future tokens)
 LLAMA_CONTEXTS = ("token", "query")
 VIT_CONTEXTS = ("sequence", "token", "query")
+
+
+class InputFileError(ValueError):
+    """An experiment's input file (a results JSON, a tuning choice) is missing, unreadable or not what it should
+    hold: one line naming the flag, the file, what is wrong and what it should hold."""
+
+
+def json_kind(value) -> str:
+    """What a JSON value is, in words: "an object", "a list", "null", ..."""
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "true or false", type(None): "null"}
+    return kinds.get(type(value), "a number")
+
+
+def read_json_input(path: str, flag: str, *, holds: str, keys: tuple[str, ...] = ()) -> dict:
+    """The JSON object in `path`, the input file of an experiment's `flag`; anything else raises `InputFileError` in
+    one line: a missing file, a folder, a file that cannot be read, one that is not UTF-8 or not JSON (a truncated
+    run), one that holds another kind of value, or one without `keys`. `holds` says what the file should be."""
+
+    def refuse(problem: str):
+        raise InputFileError(f"{flag} {path}: {problem}; it should be {holds}")
+
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        refuse("no such file")
+    except IsADirectoryError:
+        refuse("a folder, not a file")
+    except OSError as error:
+        refuse(f"cannot be read ({error.strerror})")
+    try:
+        data = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        refuse("not UTF-8 text")
+    except ValueError as error:
+        where = f" ({error.msg}, line {error.lineno} column {error.colno})" if hasattr(error, "msg") else ""
+        refuse(f"not valid JSON{where}: a damaged file, or one still being written")
+    if not isinstance(data, dict):
+        refuse(f"holds {json_kind(data)}, not an object")
+    missing = [key for key in keys if key not in data]
+    if missing:
+        refuse(f"has no {', '.join(map(repr, missing))} {'entry' if len(missing) == 1 else 'entries'}")
+    return data
 
 
 @dataclass
@@ -345,7 +389,23 @@ def set_up_device(device_name: str | None, threads: int):
     torch.set_num_threads(threads)
     if device.type == "cuda":
         return device, torch.cuda.get_device_name(device)
-    return device, f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"
+    # The model and the instruction set torch dispatches its kernels for: two CPUs that differ in either may round a
+    # matrix product differently, so runs of the same settings and seed can agree only on the same kind of CPU.
+    capability = torch.backends.cpu.get_cpu_capability()
+    return device, (f"CPU {platform.processor() or platform.machine()}{cpu_model()} ({capability} kernels), "
+                    f"{torch.get_num_threads()} torch threads")  # fmt: skip
+
+
+def cpu_model() -> str:
+    """ ", <model name>" from /proc/cpuinfo where there is one (Linux), else ""."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            for line in file:
+                if line.startswith("model name"):
+                    return ", " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 # ----------------------------------------------------------------------------------------------------- statistics
@@ -468,3 +528,78 @@ def floor_verdict(interval: tuple[float, float] | None, reference: float, floor:
     if interval[0] > reference or interval[1] < reference:
         return f"not resolved: within the MHA-vs-MHA noise floor ±{floor:.3f}"
     return f"not resolved: the interval contains {reference:g}"
+
+
+def rounds_for_interval(confidence: float = CONFIDENCE) -> int:
+    """The fewest rounds from which an interval of a median can reach `confidence` coverage.
+
+    Whatever the distribution, the true median lies outside [min, max] of n rounds only when every round falls on one
+    side of it: probability 2 x 2^-n, so the widest interval the rounds can give covers with 1 - 2^(1-n) (3 rounds:
+    75%). A percentile bootstrap of the median never reaches beyond that range, so below this count no interval it
+    gives is a `confidence` interval."""
+    n = 1
+    while 1 - 2.0 ** (1 - n) < confidence:
+        n += 1
+    return n
+
+
+def too_few_rounds_sentence(rounds: int, confidence: float = CONFIDENCE) -> str:
+    """Why ratios of `rounds` rounds are printed without verdicts: one line."""
+    return (f"No verdicts: from {rounds} rounds even the min-max range covers a median with only "
+            f"{1 - 2.0 ** (1 - rounds):.0%} probability, not {confidence:.0%}; {rounds_for_interval(confidence)} rounds "
+            f"are the fewest that can (--repeats).")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ wording of results
+# The one place the report's words for a paired difference come from: "ahead" and "behind" only where the interval
+# excludes zero; otherwise "no difference resolved", with the interval beside it. Words that read as a result where
+# none is resolved ("level", "tie", "leads", "trails", "matches") are never generated.
+
+UNRESOLVED = "no difference resolved"
+FORBIDDEN_FOR_UNRESOLVED = ("level", "tie", "tied", "leads", "trails", "matches", "on par")
+
+
+def is_resolved(stats: dict | None) -> bool:
+    """Whether the paired difference's interval excludes zero (two or more seeds)."""
+    return bool(stats) and stats.get("low") is not None and (stats["low"] > 0 or stats["high"] < 0)
+
+
+def interval_cell(stats: dict, scale: float = 1.0, digits: int = 3, agreement: bool = True) -> str:
+    """mean [95% interval] (k/n): the short form of `fmt_paired` a sentence quotes."""
+    low, high = sorted((scale * stats["low"], scale * stats["high"]))
+    agree = f" ({stats['agree_in_sign']}/{stats['n']})" if agreement else ""
+    return f"{scale * stats['mean']:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]{agree}"
+
+
+def direction(stats: dict, lower_is_better: bool) -> str:
+    """ "ahead" or "behind" for a resolved difference (row − reference), `UNRESOLVED` otherwise."""
+    if not is_resolved(stats):
+        return UNRESOLVED
+    return "ahead" if (stats["mean"] < 0) == lower_is_better else "behind"
+
+
+def holm_clause(stats: dict) -> str:
+    if stats.get("p_holm") is None:
+        return ""
+    kept = "kept" if stats["p_holm"] < 1 - CONFIDENCE else "not kept"
+    return f"; Holm p {stats['p_holm']:.3f}, {kept}"
+
+
+def difference_sentence(row: str, reference: str, stats: dict, *, lower_is_better: bool, scale: float = 1.0,
+                        digits: int = 3, unit: str = "", holm: bool = False, agreement: bool = True) -> str:  # fmt: skip
+    """One clause on a paired difference row − reference: "<row> is ahead of <reference>: ..." or "<row> is behind
+    <reference>: ..." (resolved) or "<row> − <reference>: no difference resolved, ..." (the interval contains zero).
+    `holm` adds the Holm-adjusted p-value where the comparison has one (`multiple_comparisons`); `agreement` the count
+    of seeds agreeing in sign."""
+    cell = interval_cell(stats, scale, digits, agreement) + (f" {unit}" if unit else "")
+    extra = holm_clause(stats) if holm else ""
+    word = direction(stats, lower_is_better)
+    if word == UNRESOLVED:
+        return f"{row} − {reference}: {UNRESOLVED}, {cell}{extra}"
+    return f"{row} is {'ahead of' if word == 'ahead' else 'behind'} {reference}: {cell}{extra}"
+
+
+def verdict_cell(stats: dict, lower_is_better: bool) -> str:
+    """The verdict column of a comparison table: **ahead** / **behind** (resolved) or `UNRESOLVED`."""
+    word = direction(stats, lower_is_better)
+    return UNRESOLVED if word == UNRESOLVED else f"**{word}**"

@@ -21,6 +21,8 @@ import time
 # The repository root, so that `experiments.common` imports when run as `python experiments/construction.py`.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from damcha_hf.argument_checks import ArgumentParser, positive_int  # noqa: E402  (standard library only)
+from damcha_hf.optional_packages import check_extras  # noqa: E402  (standard library only)
 from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
 from experiments.common import bootstrap_median_interval, interval_verdict  # noqa: E402
 
@@ -41,11 +43,11 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--rounds", type=int, default=10, help="paired rounds per measurement (default 10)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     return parser
 
@@ -74,7 +76,9 @@ def alternate(rounds: int, measure_damcha, measure_stock) -> tuple[list[float], 
 
 
 def main(argv=None) -> dict:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_extras(parser, "experiments/construction.py", "experiments")
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 

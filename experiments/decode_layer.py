@@ -18,9 +18,11 @@ import statistics
 import time
 from collections.abc import Callable
 
+from damcha_hf.argument_checks import ArgumentParser, positive_int  # standard library only
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--width", type=int, default=768, help="hidden size (default 768)")
@@ -29,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-length", type=int, default=32, help="tokens already in the cache (default 32)")
     parser.add_argument("--rounds", type=int, default=40, help="timed rounds (default 40)")
     parser.add_argument("--calls", type=int, default=100, help="calls per row and round (default 100)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     return parser
 
 

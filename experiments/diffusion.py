@@ -19,7 +19,6 @@ resumes where it stopped. Writes `<out>` (every number, per seed) after each run
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -28,8 +27,17 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPOSITORY)
 sys.path.insert(0, os.path.join(REPOSITORY, "recipes"))
 
+from damcha_hf.argument_checks import ArgumentParser, positive_int  # noqa: E402  (standard library only)
+from damcha_hf.optional_packages import check_extras  # noqa: E402  (standard library only)
 from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
-from experiments.common import format_table, paired_statistics  # noqa: E402  (torch-free)
+from experiments.common import (  # noqa: E402  (torch-free)
+    InputFileError,
+    format_table,
+    paired_statistics,
+    read_json_input,
+)
+
+RESULTS_FILE = "the eval_results.json recipes/train_diffusion.py writes"
 
 METHODS = {  # name -> the recipe's attention flags
     "MHA": ["--cross-head-variant", "none"],
@@ -43,7 +51,7 @@ METRICS = ("fcd", "mse", "mse_t000-249", "mse_t250-499", "mse_t500-749", "mse_t7
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--feature-classifier", required=True, help="the FCD's ViT classifier checkpoint folder")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", choices=tuple(METHODS), default=list(METHODS))
@@ -61,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="MLP width of the MHA-wide control (304: DCMHA's parameter count at the default size)")  # fmt: skip
     parser.add_argument("--sample-steps", type=int, default=20, help="DDIM steps per sample")
     parser.add_argument("--fcd-samples", type=int, default=500, help="generated and held-out images for the FCD")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads of each run")
     parser.add_argument("--runs-dir", default="runs/diffusion-comparison")
     parser.add_argument("--out", default="experiments/diffusion-fashion-mnist/results.json")
     parser.add_argument("--recipe-args", nargs=argparse.REMAINDER, default=[],
@@ -70,7 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_extras(parser, "experiments/diffusion.py", "experiments", "diffusion")
+    return args
 
 
 def initial_model(args, seed: int, mlp_size: int | None = None) -> str:
@@ -107,17 +118,21 @@ def run(args, method: str, seed: int) -> dict:
             "--init-from", initial_model(args, seed, args.wide_mlp_size if method in CONTROLS else None),
             *METHODS[method], "--seed", str(seed), "--image-size",
             str(args.image_size),
-            "--metric-hidden-size", str(args.metric_hidden_size), "--max-steps", str(args.max_steps),
+            # The generator's width is DAMCHA's setting: another variant's run refuses it.
+            *(["--metric-hidden-size", str(args.metric_hidden_size)] if "damcha" in METHODS[method] else []),
+            "--max-steps", str(args.max_steps),
             "--batch-size", str(args.batch_size), "--learning-rate", str(args.learning_rate),
             "--sample-steps", str(args.sample_steps), "--feature-classifier", args.feature_classifier,
             "--fcd-samples", str(args.fcd_samples), "--max-eval-samples", str(args.fcd_samples),
             "--num-threads", str(args.threads), "--logging-steps", "50", "--output-dir", output_dir,
             "--overwrite-output-dir", *args.recipe_args,
         ])  # fmt: skip
-    with open(results_file, encoding="utf-8") as handle:
-        results = json.load(handle)
-    with open(os.path.join(output_dir, "final", "config.json"), encoding="utf-8") as handle:
-        config = json.load(handle)
+    try:
+        results = read_json_input(results_file, "--runs-dir", holds=RESULTS_FILE)
+        config = read_json_input(os.path.join(output_dir, "final", "config.json"), "--runs-dir",
+                                 holds="the config.json of the run's final model")  # fmt: skip
+    except InputFileError as error:
+        raise SystemExit(f"diffusion.py: error: {error}; move the run's folder away to train it again") from None
     from safetensors import safe_open
 
     with safe_open(os.path.join(output_dir, "final", "model.safetensors"), "pt") as weights:

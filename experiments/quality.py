@@ -1,13 +1,15 @@
 """Quality of DAMCHA against vanilla multi-head attention and the paper's baselines on small real tasks.
 
-Every row of a seed starts from that seed's MHA weights (DAMCHA's generator, talking-heads' and DCMHA's mixing start
-as the identity), sees the same batches and trains under the same schedule (`damcha_hf.training`), so the rows are
-compared paired by seed.
+Every row of a seed starts from that seed's MHA weights, sees the same batches and trains under the same schedule
+(`damcha_hf.training`), so the rows are compared paired by seed. Each starts as MHA's function (DAMCHA's generator,
+talking-heads' and DCMHA's mixing start as the identity, ColMHA at its full key width), except MoA, whose router keeps
+its default top-k of the heads.
 
   lm:  byte-level GCIDE (`damcha_hf.data.read_gcide_bytes`): 10 MB train, the next 1 MB validation, the next 1 MB
-       test; a small GPT-2; bits per byte. Rows: MHA, DAMCHA "token" and "query", talking_heads, DCMHA.
+       test; a small GPT-2; bits per byte. Rows: MHA, DAMCHA "token" and "query", and a row per other variant of
+       `damcha_hf.modeling.variants` (talking_heads and DCMHA in eager attention, beside an eager MHA row).
   vit: Fashion-MNIST (`damcha_hf.data.read_fashion_mnist`), a small ViT (patch 4), test top-1.
-       Rows: MHA, DAMCHA "sequence" and "token", talking_heads, DCMHA.
+       Rows: MHA, DAMCHA "sequence" and "token", and the same variant rows.
   The data: on Debian/Ubuntu, as root, `apt-get update && apt-get install -y dict-gcide dataset-fashion-mnist`;
   elsewhere $DAMCHA_GCIDE_PATH and --fashion-mnist-dir name copies; --synthetic trains on generated data instead.
   Every trained DAMCHA model is evaluated again with `metric_mask` "diagonal" and "offdiagonal" (no retraining).
@@ -32,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
-import json
 import math
 import os
 import statistics
@@ -46,21 +47,25 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from damcha_hf import data_sources  # noqa: E402  (standard library only)
-from damcha_hf.argument_checks import ArgumentParser  # noqa: E402
-from damcha_hf.modeling.variant_damcha import METRIC_INPUT_NORMS  # noqa: E402  (torch-free)
+from damcha_hf.argument_checks import ArgumentParser, positive_int  # noqa: E402
+from damcha_hf.modeling.metric_choices import METRIC_INPUT_NORMS  # noqa: E402  (imports nothing)
 from damcha_hf.modeling.variants import VARIANTS  # noqa: E402  (torch-free)
+from damcha_hf.optional_packages import check_extras  # noqa: E402  (standard library only)
 from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
 from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     CONFIDENCE,
+    InputFileError,
     Row,
     count_parameters,
     fmt_paired,
     format_tables,
     gpt2_config_kwargs,
     gpt2_rows,
+    json_kind,
     multiple_comparisons,
     multiple_comparisons_sentence,
     paired_statistics,
+    read_json_input,
     save_figure_atomic,
     set_up_device,
     vit_config_kwargs,
@@ -73,6 +78,7 @@ ABLATION_MASKS = ("diagonal", "offdiagonal")
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # cross_head_variant -> row name: every baseline variant but plain attention, which the MHA row is.
 BASELINE_VARIANTS = {name: variant.display_name for name, variant in VARIANTS.items() if name not in ("damcha", "none")}
+TASK_CONTEXTS = {"lm": ("token", "query"), "vit": ("sequence", "token")}  # the DAMCHA rows' metric contexts
 BATCH_SEED_OFFSET = {"lm": 1000, "vit": 2000}  # batches of seed s come from generator seed offset + s
 CONTINUE_SEED_OFFSET = 3000  # the continuation batches of --upcycle: new data after the pretraining's
 
@@ -115,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in PRESETS["full"]:
         if name != "seeds":
             parser.add_argument(f"--{name.replace('_', '-')}", type=float if name.endswith("_lr") else int)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2; 1 on a busy machine)")
+    parser.add_argument("--threads", type=positive_int, default=2,
+                        help="torch CPU threads (default 2; 1 on a busy machine)")  # fmt: skip
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.add_argument("--out-dir", help="where the JSON and figures go (default: runs/quality/<prefix>-<UTC time>)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing <out-dir>/<prefix>.json")
@@ -147,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "on) and report validation_top1 on them (default 0: none)")  # fmt: skip
     tuning.add_argument("--tuned", metavar="JSON",
                         help="settings chosen by a tuning pass (experiments/tuning.py's chosen.json): per task, the "
-                        "learning rate of each method (MHA, DAMCHA, DCMHA; the other rows take MHA's) and DAMCHA's "
+                        "learning rate of each row (by row name, else its method's: MHA, DAMCHA, DCMHA; the other "
+                        "rows take MHA's) and DAMCHA's "
                         "generator settings; replaces --lm-lr, --vit-lr, --metric-hidden-size, --metric-input-norm "
                         "and --metric-lr-multiplier")  # fmt: skip
     upcycle = parser.add_argument_group("upcycling (--upcycle): pretrain MHA, then continue as MHA or converted")
@@ -171,12 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_extras(parser, "experiments/quality.py", "experiments")  # the intervals: before minutes of training
     args.tuned_settings = None
     if args.tuned:
         replaced = [f"--{name.replace('_', '-')}" for name in TUNED_FLAGS if getattr(args, name) is not None]
         if replaced:
             parser.error(f"--tuned sets {', '.join(replaced)} per task; drop {replaced[0]} or drop --tuned")
-        args.tuned_settings = read_tuned_settings(parser, args.tuned)
+        args.tuned_settings = read_tuned_settings(parser, args.tuned, args.tasks)
     args.metric_input_norm = args.metric_input_norm or "none"
     args.metric_lr_multiplier = 1.0 if args.metric_lr_multiplier is None else args.metric_lr_multiplier
     if not args.metric_lr_multiplier > 0:
@@ -197,6 +206,8 @@ def parse_args(argv=None):
         parser.error("--lora, --pretrain-steps and --continue-steps belong to --upcycle; add --upcycle")
     if not (args.synthetic or args.replot or args.merge or args.lengths):
         check_data(parser, args)
+    if args.rows and not (args.replot or args.merge or args.lengths):
+        check_rows(parser, args)
     if args.prefix is None:
         args.prefix = DEFAULT_PREFIX[args.preset] + ("_upcycle" if args.upcycle else "")
     if args.out_dir is None:
@@ -205,29 +216,39 @@ def parse_args(argv=None):
     return args
 
 
+TUNED_FILE = "an object of settings per task, as `experiments/tuning.py --choose` writes chosen.json"
+REPORT_FILE = "a JSON report a quality.py run wrote"
+REPORT_KEYS = ("args", "results")
+
 # Methods that a tuning pass gives a learning rate of their own; every other row (the capacity controls and the
 # untuned baselines, all converted from or widened MHA) trains at MHA's.
 TUNED_METHODS = ("MHA", "DAMCHA", "DCMHA")
 TUNED_FLAGS = ("lm_lr", "vit_lr", "metric_hidden_size", "metric_input_norm", "metric_lr_multiplier")
 
 
-def read_tuned_settings(parser: argparse.ArgumentParser, path: str) -> dict:
+def read_tuned_settings(parser: argparse.ArgumentParser, path: str, tasks=("lm", "vit")) -> dict:
     """`{task: {"lr": {method: rate}, "metric_hidden_size": int, "metric_input_norm": str, "metric_lr_multiplier":
-    float}}` from a tuning pass's JSON, every field checked (an error names the first one wrong)."""
+    float}}` from a tuning pass's JSON, every field checked (an error names the first one wrong), with settings for
+    each of `tasks` (a task without them would train at the untuned preset while the run records the file)."""
     try:
-        with open(path) as file:
-            settings = json.load(file)
-    except (OSError, ValueError) as error:
-        parser.error(f"--tuned {path}: cannot read it as JSON ({error})")
+        settings = read_json_input(path, "--tuned", holds=TUNED_FILE)
+    except InputFileError as error:
+        parser.error(str(error))
+    untuned = [task for task in tasks if task not in settings]
+    if untuned:
+        held = f"settings for {' and '.join(sorted(settings))} only" if settings else "no task's settings"
+        parser.error(f"--tuned {path}: holds {held}, none for --tasks {' '.join(untuned)}; run `experiments/tuning.py "
+                     f"--task {untuned[0]}` and then `--choose`, or leave {' '.join(untuned)} out of --tasks")  # fmt: skip
     checks = {
         "metric_hidden_size": lambda v: isinstance(v, int) and v > 0,
         "metric_input_norm": lambda v: v in METRIC_INPUT_NORMS,
         "metric_lr_multiplier": lambda v: isinstance(v, (int, float)) and v > 0,
     }
-    for task in settings if isinstance(settings, dict) else [None]:
+    for task in settings:
         entry = settings.get(task) if task in ("lm", "vit") else None
         if not isinstance(entry, dict):
-            parser.error(f"--tuned {path}: expected an object with the tasks 'lm' and/or 'vit', found {task!r}")
+            found = f"{task!r}, {json_kind(entry)}" if task in ("lm", "vit") else repr(task)
+            parser.error(f"--tuned {path}: expected an object with the tasks 'lm' and/or 'vit', found {found}")
         rates = entry.get("lr")
         if not isinstance(rates, dict) or any(
             not isinstance(rates.get(m), (int, float)) or rates[m] <= 0 for m in TUNED_METHODS
@@ -237,6 +258,32 @@ def read_tuned_settings(parser: argparse.ArgumentParser, path: str) -> dict:
             if not valid(entry.get(field)):
                 parser.error(f"--tuned {path}: {task}.{field} is missing or invalid ({entry.get(field)!r})")
     return settings
+
+
+def check_rows(parser: argparse.ArgumentParser, args) -> None:
+    """--rows names rows this run has (for one of its --tasks, with its flags): an unknown name would train nothing
+    of it and still write results."""
+    if args.upcycle:
+        parser.error("--rows picks rows of the comparison; --upcycle trains its own arms (MHA, converted DAMCHA): "
+                     "drop --rows or --upcycle")  # fmt: skip
+    available = []
+    for task in args.tasks:
+        available += [name for name in row_names(args, task) if name not in available]
+    unknown = [name for name in args.rows if name not in available]
+    if unknown:
+        parser.error(f"--rows {', '.join(map(repr, unknown))}: no such row of --tasks {' '.join(args.tasks)} with these "
+                     f"flags; the rows are {', '.join(map(repr, available))}")  # fmt: skip
+
+
+def row_names(args, task: str) -> list[str]:
+    """The names of `task`'s rows with the run's flags (no model is built)."""
+    if task == "lm":
+        kwargs = gpt2_config_kwargs(args.lm_layers, args.lm_width, args.lm_heads, args.lm_context, vocab=256)
+        rows = task_rows(gpt2_rows, kwargs, TASK_CONTEXTS["lm"], args, task_settings(args, "lm"))
+    else:
+        kwargs = vit_config_kwargs(28, 4, 1, args.vit_layers, args.vit_width, args.vit_heads, labels=10)
+        rows = task_rows(vit_rows, kwargs, TASK_CONTEXTS["vit"], args, task_settings(args, "vit"))
+    return [row.name for row in rows(args.seeds[0])]
 
 
 def task_settings(args, task: str) -> dict:
@@ -406,7 +453,8 @@ class Task:
     settings: dict  # `task_settings`: the learning rate per method, DAMCHA's generator settings
 
     def learning_rate(self, row_name: str) -> float:
-        return self.settings["lr"][method_of(row_name)]
+        rates = self.settings["lr"]  # a row's own rate (an equal-budget pass tunes every row), else its method's
+        return rates[row_name] if row_name in rates else rates[method_of(row_name)]
 
     def lr_multipliers(self) -> dict[str, float] | None:
         multiplier = self.settings["metric_lr_multiplier"]
@@ -478,8 +526,8 @@ def lm_task(args, device) -> Task:
                 if only in (None, name)}  # fmt: skip
 
     settings = task_settings(args, "lm")
-    return Task("lm", "LM", args.lm_steps, settings["lr"]["MHA"], ("token", "query"),
-                task_rows(gpt2_rows, kwargs, ("token", "query"), args, settings), batches, evaluate, "test_bpb",
+    return Task("lm", "LM", args.lm_steps, settings["lr"]["MHA"], TASK_CONTEXTS["lm"],
+                task_rows(gpt2_rows, kwargs, TASK_CONTEXTS["lm"], args, settings), batches, evaluate, "test_bpb",
                 lambda: {"input_ids": validation[: 8 * context].view(8, context).to(device)}, device,
                 settings)  # fmt: skip
 
@@ -511,8 +559,8 @@ def vit_task(args, device) -> Task:
                 if only in (None, name)}  # fmt: skip
 
     settings = task_settings(args, "vit")
-    return Task("vit", "ViT", args.vit_steps, settings["lr"]["MHA"], ("sequence", "token"),
-                task_rows(vit_rows, kwargs, ("sequence", "token"), args, settings), batches, evaluate, "test_top1",
+    return Task("vit", "ViT", args.vit_steps, settings["lr"]["MHA"], TASK_CONTEXTS["vit"],
+                task_rows(vit_rows, kwargs, TASK_CONTEXTS["vit"], args, settings), batches, evaluate, "test_top1",
                 lambda: {"pixel_values": test_x[:64].to(device)}, device, settings)  # fmt: skip
 
 
@@ -563,7 +611,9 @@ def upcycle_arms(task: Task, lora_rank: int | None, metric_hidden_size: int) -> 
     from damcha_hf import convert_to_damcha
 
     def convert(**options):
-        return lambda model: convert_to_damcha(model, metric_hidden_size=metric_hidden_size, **options)
+        if options.get("cross_head_variant", "damcha") == "damcha":  # another variant refuses DAMCHA's fields
+            options = {"metric_hidden_size": metric_hidden_size, **options}
+        return lambda model: convert_to_damcha(model, **options)
 
     arms = [("MHA", lambda model: model)]
     arms += [(f"DAMCHA {context}", convert(metric_context=context)) for context in task.contexts]
@@ -918,12 +968,9 @@ def plot(report: dict, out_dir: str, prefix: str) -> list[str]:
     return paths
 
 
-def read_reports(paths: list[str]) -> list[dict]:
-    reports = []
-    for path in paths:
-        with open(path) as file:
-            reports.append(json.load(file))
-    return reports
+def read_reports(paths: list[str], flag: str, keys: tuple[str, ...] = REPORT_KEYS) -> list[dict]:
+    """The reports in `paths`, the files of `flag`; a missing, damaged or foreign file raises `InputFileError`."""
+    return [read_json_input(path, flag, holds=REPORT_FILE, keys=keys) for path in paths]
 
 
 # Arguments that do not change what a run measures: runs that differ only in these may be merged or compared.
@@ -944,12 +991,12 @@ def write_report(report: dict, out_dir: str, prefix: str, overwrite: bool, plots
 
 def merge(paths: list[str], out_dir: str, prefix: str, overwrite: bool = False, plots: bool = True) -> dict:
     """One report from several runs that differ only in their seeds (and tasks): the seeds' records are pooled."""
-    reports = read_reports(paths)
+    reports = read_reports(paths, "--merge", keys=(*REPORT_KEYS, "machine", "torch", "data", "wall_seconds"))
     settings = [{k: v for k, v in r["args"].items() if k not in RUN_SETTINGS_IGNORED} for r in reports]
     for path, setting in zip(paths[1:], settings[1:]):
         differing = sorted(k for k in setting if setting[k] != settings[0].get(k))
         if differing:
-            raise ValueError(f"--merge: {path} was run with other settings than {paths[0]}: {', '.join(differing)}")
+            raise InputFileError(f"--merge: {path} was run with other settings than {paths[0]}: {', '.join(differing)}")
     results: dict = {}
     for report in reports:
         for task, rows in report["results"].items():
@@ -957,7 +1004,7 @@ def merge(paths: list[str], out_dir: str, prefix: str, overwrite: bool = False, 
                 pooled = results.setdefault(task, {}).setdefault(row, [])
                 duplicate = {r["seed"] for r in pooled} & {r["seed"] for r in records}
                 if duplicate:
-                    raise ValueError(f"--merge: seed(s) {sorted(duplicate)} of {task} {row} appear in two runs")
+                    raise InputFileError(f"--merge: seed(s) {sorted(duplicate)} of {task} {row} appear in two runs")
                 pooled.extend(records)
     all_seeds = sorted({r["seed"] for rows in results.values() for records in rows.values() for r in records})
     report = {"machine": reports[0]["machine"], "torch": reports[0]["torch"],
@@ -977,7 +1024,7 @@ def training_lengths(paths: list[str], out_dir: str, prefix: str, overwrite: boo
     run has. A seed's runs share their starting weights and the order of their batches (a longer run sees the
     shorter run's batches first), so MHA's change from one length to the next is paired by seed, as is every row's
     difference to MHA at each length."""
-    reports = read_reports(paths)
+    reports = read_reports(paths, "--lengths")
     ignored = RUN_SETTINGS_IGNORED | {"lm_steps", "vit_steps", "log_every", "merged_from", "finished"}
     comparison = {}
     for task, metric in LENGTH_METRIC.items():
@@ -990,15 +1037,15 @@ def training_lengths(paths: list[str], out_dir: str, prefix: str, overwrite: boo
         for path, setting in zip(paths[1:], settings[1:]):
             differing = sorted(k for k in set(setting) | set(settings[0]) if setting.get(k) != settings[0].get(k))
             if differing:
-                raise ValueError(f"--lengths: {path} differs from {paths[0]} in more than its steps: "
-                                 f"{', '.join(differing)}")  # fmt: skip
+                raise InputFileError(f"--lengths: {path} differs from {paths[0]} in more than its steps: "
+                                     f"{', '.join(differing)}")  # fmt: skip
         ordered = sorted(reports, key=lambda r: r["args"][f"{task}_steps"])
         steps = [r["args"][f"{task}_steps"] for r in ordered]
         if len(set(steps)) != len(steps):
-            raise ValueError(f"--lengths: two runs train {task} for the same number of steps ({steps})")
+            raise InputFileError(f"--lengths: two runs train {task} for the same number of steps ({steps})")
         rows = [row for row in ordered[0]["results"][task] if all(row in r["results"][task] for r in ordered)]
         if "MHA" not in rows:
-            raise ValueError(f"--lengths: every run needs an MHA row for {task}")
+            raise InputFileError(f"--lengths: every run needs an MHA row for {task}")
         seeds = sorted(set.intersection(*({rec["seed"] for row in rows for rec in r["results"][task][row]}
                                           for r in ordered)))  # fmt: skip
         by_length, previous = [], None
@@ -1016,7 +1063,7 @@ def training_lengths(paths: list[str], out_dir: str, prefix: str, overwrite: boo
             previous = (length, mha)
         comparison[task] = {"metric": metric, "rows": rows, "by_length": by_length}
     if not comparison:
-        raise ValueError("--lengths: the runs share no task")
+        raise InputFileError("--lengths: the runs share no task")
     report = {"args": {"lengths": paths, "prefix": prefix}, "lengths": comparison,
               "tables": length_tables(comparison)}  # fmt: skip
     print(report["tables"])
@@ -1054,8 +1101,16 @@ def refuse_to_overwrite(json_path: str, overwrite: bool) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
+    try:
+        return run_reports(args) if args.replot or args.merge or args.lengths else run(args)
+    except InputFileError as error:  # one line naming the file, not a traceback
+        raise SystemExit(f"quality.py: error: {error}") from None
+
+
+def run_reports(args) -> dict:
+    """--replot, --merge or --lengths: reports from earlier runs' JSON, no training."""
     if args.replot:
-        report = read_reports([args.replot])[0]
+        report = read_reports([args.replot], "--replot")[0]
         # recomputed, so older reports get the current statistics
         report.update(analyse(report["results"], smoke_tests(report["args"])))
         print(tables(report))
@@ -1064,8 +1119,10 @@ def main(argv=None):
         return report
     if args.merge:
         return merge(args.merge, args.out_dir, args.prefix, args.overwrite, plots=not args.no_plots)
-    if args.lengths:
-        return training_lengths(args.lengths, args.out_dir, args.prefix, args.overwrite)
+    return training_lengths(args.lengths, args.out_dir, args.prefix, args.overwrite)
+
+
+def run(args) -> dict:
     json_path = os.path.join(args.out_dir, f"{args.prefix}.json")
     refuse_to_overwrite(json_path, args.overwrite)
     import torch

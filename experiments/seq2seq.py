@@ -16,7 +16,6 @@ the comparisons of its measure.
 """
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -24,13 +23,17 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from damcha_hf.argument_checks import ArgumentParser, positive_int  # noqa: E402  (standard library only)
+from damcha_hf.optional_packages import check_extras  # noqa: E402  (standard library only)
 from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
 from experiments.common import (  # noqa: E402
+    InputFileError,
     fmt_paired,
     format_table,
     multiple_comparisons,
     multiple_comparisons_sentence,
     paired_statistics,
+    read_json_input,
     wrapped,
 )
 
@@ -79,13 +82,18 @@ def comparison_pairs(rows: list[str]) -> list[tuple[str, str]]:
 def read_runs(folder: str) -> dict[str, dict[int, dict]]:
     """Each (row, seed) run's `eval_results.json` in FOLDER, by row and seed."""
     results: dict[str, dict[int, dict]] = {}
+    if not os.path.isdir(folder):
+        raise SystemExit(f"seq2seq.py: error: --summarize {folder}: no such folder; give the --out-dir of the runs")
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name, "eval_results.json")
         row_key, _, seed = name.rpartition("-s")
         row = row_key.replace("_", " ")
         if os.path.isfile(path) and row in ROWS and seed.isdigit():
-            with open(path, encoding="utf-8") as handle:
-                results.setdefault(row, {})[int(seed)] = json.load(handle)
+            try:
+                run = read_json_input(path, "--summarize", holds="the eval_results.json recipes/train_bart.py writes")
+            except InputFileError as error:
+                raise SystemExit(f"seq2seq.py: error: {error}; train that run again") from None
+            results.setdefault(row, {})[int(seed)] = run
     return results
 
 
@@ -135,15 +143,15 @@ def summarize(folder: str, prefix: str) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)  # fmt: skip
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", help="one folder per (row, seed) run goes here")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads per run")
     parser.add_argument("--summarize", metavar="FOLDER", help="summarize the runs in FOLDER instead of training")
     parser.add_argument("--prefix", default="seq2seq", help="name of the summary JSON")
     args, settings = parser.parse_known_args(argv)
+    check_extras(parser, "experiments/seq2seq.py", "experiments", *(() if args.summarize else ("seq2seq",)))
     args.settings = settings  # any further flag goes to the recipe (e.g. --max-steps 2000)
     if args.summarize:
         summarize(args.summarize, args.prefix)

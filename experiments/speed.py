@@ -13,8 +13,9 @@ Verdicts: each ratio comes with a 95% percentile-bootstrap interval of its media
 "MHA (repeat)" is a second, identical vanilla model timed in the same rounds: how far its interval reaches from 1 is
 the noise floor of the run (load from other work, as on a shared machine). A ratio is called "resolved" only where
 its interval lies beyond 1.0 (or `--target`) by more than that floor, on one side; an interval that excludes 1 by
-less is "not resolved: within the MHA-vs-MHA noise floor ±x", otherwise "not resolved". With the 3 rounds of
-`--quick` on a busy machine the floor is wide, and most ratios come out not resolved: more `--repeats` narrow it.
+less is "not resolved: within the MHA-vs-MHA noise floor ±x", otherwise "not resolved". Fewer than 6 rounds carry
+no verdict at all: from n rounds even the min-max range covers a median with probability 1 - 2^(1-n) only (the 3
+rounds of `--quick`: 75%), so those ratios are printed without one (`--repeats 6` or more for verdicts).
 `--summarize FILE.json` prints the ratios, intervals and verdicts of an earlier run's JSON.
 
 Memory:
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 import time
@@ -45,11 +45,14 @@ import time
 # The repository root, so that `experiments.common` imports when run as `python experiments/<script>.py`.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from damcha_hf.argument_checks import ArgumentParser, positive_int  # noqa: E402  (standard library only)
+from damcha_hf.optional_packages import check_extras  # noqa: E402  (standard library only)
 from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
 from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     GPT2_CONTEXTS,
     LLAMA_CONTEXTS,
     VIT_CONTEXTS,
+    InputFileError,
     Row,
     bootstrap_median_interval,
     count_parameters,
@@ -61,7 +64,10 @@ from experiments.common import (  # noqa: E402  (torch-free: --help stays fast)
     llama_rows,
     median,
     noise_floor,
+    read_json_input,
+    rounds_for_interval,
     set_up_device,
+    too_few_rounds_sentence,
     vit_config_kwargs,
     vit_rows,
     wrapped,
@@ -77,7 +83,7 @@ NOISE_FLOOR_ROW = "MHA (repeat)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument(
@@ -144,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--summarize", metavar="JSON", help="print the ratios and verdicts of an earlier run's JSON")
     parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     parser.add_argument(
-        "--threads", type=int, default=2,
+        "--threads", type=positive_int, default=2,
         help="torch CPU threads (default 2; on a machine shared with other jobs, 1 thread gives steadier timings)",
     )  # fmt: skip
     parser.add_argument("--json", help="also write the results to this JSON file")
@@ -154,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_extras(parser, "experiments/speed.py", "experiments")  # the intervals: before minutes of timing
 
     preset = {"layers": 12, "width": 768, "heads": 12, "vit_width": 384, "vit_heads": 6, "image_size": 224, "seq": [512, 1024],
                   "batch": 4, "repeats": 7, "warmup": 2, "gen_prompt": 64, "gen_tokens": 128, "vocab": 50257}  # fmt: skip
@@ -465,13 +472,19 @@ def round_ratios(ratio: str, times: list[float], reference: list[float]) -> list
     return [numerator / denominator for numerator, denominator in pairs]
 
 
+# The verdict of a ratio whose rounds are too few for a 95% interval (`rounds_for_interval`): its median and range are
+# printed, judged by nothing.
+NO_VERDICT = "no verdict"
+
+
 def summarise(results: list[dict], target: float = 1.0) -> None:
     """Ratios to the first row (MHA): per timing, the paired median with its bootstrap interval over the rounds and
     the verdict against `target`, and the ratio of the fastest rounds; memory and parameter ratios.
 
     The verdicts are judged against the noise floor of the same rounds: the row "MHA (repeat)", a second identical
     MHA model, gives per timing how far from 1 the ratio of two identical models reaches (`noise_floor`); a row's
-    ratio is "resolved" only where its interval lies beyond `target` by more than that (`floor_verdict`)."""
+    ratio is "resolved" only where its interval lies beyond `target` by more than that (`floor_verdict`). Below
+    `rounds_for_interval()` rounds no interval of a median reaches 95% coverage: such a ratio gets no verdict."""
     reference = results[0]
     for result in results:
         if "step_s" in result:
@@ -495,10 +508,14 @@ def summarise(results: list[dict], target: float = 1.0) -> None:
                 if result is not reference:
                     result[f"{ratio}_interval"] = bootstrap_median_interval(per_round)
     floor_row = next((r for r in results[1:] if r["row"] == NOISE_FLOOR_ROW), None)
-    for ratio, _ in RATIOS:
+    for ratio, key in RATIOS:
         floor = noise_floor(floor_row.get(f"{ratio}_interval")) if floor_row else None
         for result in results[1:]:
             if f"{ratio}_interval" not in result:
+                continue
+            rounds = result[f"{ratio}_rounds"] = min(len(result[key]), len(reference[key]))
+            if 2 <= rounds < rounds_for_interval():
+                result[f"{ratio}_verdict"] = f"{NO_VERDICT} ({rounds} rounds)"
                 continue
             if result is floor_row:
                 result[f"{ratio}_noise_floor"] = floor
@@ -525,8 +542,10 @@ def verdict_lines(results: list[dict]) -> list[str]:
 
 def summarize_file(path: str, target: float) -> dict:
     """The ratios, intervals and verdicts of an earlier run's JSON, recomputed from its per-round times."""
-    with open(path) as file:
-        report = json.load(file)
+    try:
+        report = read_json_input(path, "--summarize", holds="the JSON a speed.py run wrote (--json)", keys=("shapes",))
+    except InputFileError as error:
+        raise SystemExit(f"speed.py: error: {error}") from None
     for shape in report["shapes"]:
         summarise(shape["results"], target)
         shape["table"] = print_table(shape["title"], shape["results"])
@@ -611,10 +630,13 @@ def print_table(title: str, results: list[dict]) -> str:
     columns = [(h, f) for h, f in columns if any(cell(f, r) != "-" for r in results)]
     table_rows = [[cell(f, r) for _, f in columns] for r in results]
     text = "\n" + wrapped(f"### {title}") + "\n\n" + format_tables([h for h, _ in columns], table_rows)
+    rounds = sorted({r[f"{ratio}_rounds"] for r in results for ratio, _ in RATIOS
+                     if r.get(f"{ratio}_verdict", "").startswith(NO_VERDICT)})  # fmt: skip
     if verdict_lines(results):
         text += "\n\n" + wrapped(
             f"95% bootstrap intervals over the paired rounds; a ratio is resolved only where its interval lies beyond "
             f"--target (1 by default) by more than the noise floor of the same rounds ({NOISE_FLOOR_ROW}, a second identical MHA model):\n"
+            + "".join(too_few_rounds_sentence(n) + "\n" for n in rounds)
             + "\n".join(verdict_lines(results))
         )
     print(text, flush=True)

@@ -1,53 +1,63 @@
-"""A tuning pass on the validation split, the same small budget for MHA, DAMCHA and DCMHA, before a comparison.
+"""An equal-budget tuning pass on the validation split, before a comparison: every method gets the same learning-rate
+grid and the same seeds, and nothing else.
 
-Two stages per task, each run one `experiments/quality.py` run of one seed (kept out of the comparison's seeds):
+Every run is one `experiments/quality.py` run of one seed at one learning rate, training every row side by side on
+the same batches: MHA, DAMCHA in each context the task reports (LM `"token"` and `"query"`, ViT `"sequence"` and
+`"token"`), talking-heads, DCMHA, ColMHA, MoA, and the capacity controls (MHA widened to DAMCHA's and to DCMHA's
+parameter count). So every method is trained at every rate of the grid on every tuning seed, the budget of each:
 
-1. Learning rate: the task's preset rate times 0.5, 1 and 2 for MHA, DAMCHA and DCMHA (one run per rate, the three
-   rows side by side on the same batches). Where a method's best rate is the grid's lowest or highest, the grid
-   grows past that edge by a factor of 2, up to twice per side (times 1/8 to 8), until every method's best lies inside.
-2. DAMCHA's generator, at DAMCHA's best rate of stage 1, one setting changed at a time from the default: hidden size
-   half and twice, a learning-rate multiplier of 3 and 10 for the generator, and its own input LayerNorm.
+- one log-spaced grid of 6 rates (factors of 2 of the task's preset rate: LM 1/4 to 8, ViT 1/8 to 4), grown by a
+  factor of 2 past an edge where a method's best (mean validation over the seeds) lies on it, up to twice per side;
+- every rate on every tuning seed (default 10, 11, 12: three seeds, none of them a comparison seed);
+- each method's rate chosen by its mean validation over the seeds (bits per byte on GCIDE's validation bytes, lowest;
+  top-1 on Fashion-MNIST training images held out of training, highest).
 
-Every choice reads the validation metric only (bits per byte on GCIDE's validation bytes; top-1 on Fashion-MNIST
-training images held out from training): each method's rate is its best of stage 1, DAMCHA's generator setting the
-best of stage 2 and of its stage-1 default. `--choose` writes `chosen.json`, the `--tuned` file of quality.py, and the
-tables (`tuning.md`). A run whose JSON exists and finished is not run again.
+A method's own hyperparameters (DAMCHA's generator width and rate, DCMHA's rank, MoA's top-k, ColMHA's width) get no
+extra configurations, for any method: each stays at its default. Equal extra configurations would multiply the pass by
+(1 + k) for k settings per method, past what 2 CPU cores allow, and a setting searched on the tuning seeds for one
+method only is the unequal budget this pass replaces.
 
-    python experiments/tuning.py --task lm --out-dir experiments/tuning-pass
-    python experiments/tuning.py --task vit --out-dir experiments/tuning-pass
-    python experiments/tuning.py --choose --out-dir experiments/tuning-pass
+Every run's JSON is kept: `<task>_lr<rate>_seed<seed>.json`, read again when it finished at the same settings; a file
+of that name left by another run (unfinished, or other settings) is never replaced, the new run takes the next free
+name (`..._run2.json`, ...). Each JSON records the torch version and the thread count (`torch`, `machine`,
+`args.threads`). `--choose` writes `chosen.json` (each row's rate: the `--tuned` file of quality.py) and `tuning.md`;
+`python experiments/report.py --figures-only --tuning-dir DIR` draws the learning-rate curves (mean ± s.e.).
+
+    python experiments/tuning.py --task lm --out-dir experiments/equal-budget-tuning
+    python experiments/tuning.py --task vit --out-dir experiments/equal-budget-tuning
+    python experiments/tuning.py --choose --out-dir experiments/equal-budget-tuning
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import sys
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from damcha_hf.argument_checks import ArgumentParser  # noqa: E402  (standard library only)
+from damcha_hf.argument_checks import ArgumentParser, positive_int  # noqa: E402  (standard library only)
 from damcha_hf.safe_files.atomic_files import atomic_write, write_json  # noqa: E402
 from experiments import quality  # noqa: E402
+from experiments.common import InputFileError  # noqa: E402
 
 TASKS = {
-    # task: (quality.py arguments of the task's budget, the DAMCHA row tuned, validation metric, larger is better)
+    # task: (quality.py arguments of the task's budget, the DAMCHA row of the generic "DAMCHA" rate, validation metric,
+    # larger is better)
     "lm": (["--tasks", "lm", "--lm-steps", "1000", "--lm-eval-bytes", "65536"], "DAMCHA token", "validation_bpb", False),
     "vit": (["--tasks", "vit", "--vit-steps", "400", "--vit-validation-images", "5000", "--vit-test-images", "1000"],
             "DAMCHA sequence", "validation_top1", True),
 }  # fmt: skip
-LR_FACTORS = (1.0, 0.5, 2.0)  # the preset first: a tie keeps it
-LR_EXTENSIONS = 2  # how many more halvings (doublings) the grid may take past its lowest (highest) factor
-# DAMCHA's generator: (name, quality.py arguments given the preset's hidden size h)
-GENERATOR_SETTINGS = {
-    "hidden_half": lambda h: ["--metric-hidden-size", str(h // 2)],
-    "hidden_double": lambda h: ["--metric-hidden-size", str(2 * h)],
-    "generator_lr_x3": lambda h: ["--metric-lr-multiplier", "3"],
-    "generator_lr_x10": lambda h: ["--metric-lr-multiplier", "10"],
-    "input_layernorm": lambda h: ["--metric-input-norm", "layernorm"],
-}
+# The grid: the preset rate times 2^k. Six points per task, placed around where the earlier one-seed pass found the
+# methods' best rates (LM 6e-3 to 1.2e-2 of a 3e-3 preset; ViT 5e-4 to 2e-3 of a 2e-3 preset).
+GRID_EXPONENTS = {"lm": (-2, -1, 0, 1, 2, 3), "vit": (-3, -2, -1, 0, 1, 2)}
+LR_EXTENSIONS = 2  # how many more halvings (doublings) the grid may take past its lowest (highest) point
+MINIMUM_SEEDS = 3
+DEFAULT_SEEDS = (10, 11, 12)  # outside every comparison's seeds (0 to 7)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,8 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--task", choices=sorted(TASKS), help="run the tuning pass of this task")
     parser.add_argument("--choose", action="store_true", help="read the finished runs, write chosen.json and tuning.md")
     parser.add_argument("--out-dir", required=True, help="where every run's JSON goes (and chosen.json)")
-    parser.add_argument("--seed", type=int, default=10, help="the tuning seed (default 10, outside the comparisons')")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS),
+                        help=f"the tuning seeds, at least {MINIMUM_SEEDS} (default 10 11 12, outside the comparisons')")  # fmt: skip
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads of each run")
     parser.add_argument("--synthetic", action="store_true", help="generated data (for the tests)")
     parser.add_argument("--tiny", action="store_true", help="quality.py's tiny preset (for the tests)")
     return parser
@@ -70,48 +81,137 @@ def common_arguments(args, task: str) -> list[str]:
     budget = TASKS[task][0]
     if args.tiny:  # the test's budget: the task only, tiny steps
         budget = ["--tasks", task] + (["--vit-validation-images", "100"] if task == "vit" else [])
-    return ["--tiny" if args.tiny else "--quick", *budget, "--seeds", str(args.seed), "--threads", str(args.threads),
-            "--no-plots", "--out-dir", args.out_dir, "--log-every", "50" if not args.tiny else "2",
-            *(["--synthetic"] if args.synthetic else [])]  # fmt: skip
+    return ["--tiny" if args.tiny else "--quick", *budget, "--threads", str(args.threads), "--no-plots",
+            "--parameter-matched-mha", "--dcmha-matched-mha", "--out-dir", args.out_dir,
+            "--log-every", "50" if not args.tiny else "2", *(["--synthetic"] if args.synthetic else [])]  # fmt: skip
+
+
+def grid(task: str) -> list[float]:
+    """The starting grid's factors of the preset rate, lowest first."""
+    return [2.0**k for k in GRID_EXPONENTS[task]]
 
 
 def rate_of(args, task: str, factor: float) -> float:
     return preset(args)[f"{task}_lr"] * factor
 
 
-def run_once(arguments: list[str], out_dir: str, prefix: str, task: str, rate: float) -> dict:
-    """The report of `quality.py <arguments> --prefix <prefix>`, from its JSON when a finished run at `rate` left one
-    (a run at another rate, as a generator run left by an earlier choice of DAMCHA's rate, is run again)."""
-    path = os.path.join(out_dir, f"{prefix}.json")
-    if os.path.exists(path):
-        with open(path) as file:
-            report = json.load(file)
-        if report.get("finished") and report["args"].get(f"{task}_lr") == rate:
-            print(f"{prefix}: finished earlier, read from {path}", flush=True)
+def run_name(task: str, rate: float, seed: int) -> str:
+    return f"{task}_lr{rate:g}_seed{seed}"
+
+
+def same_settings(report: dict, arguments: list[str], task: str, rate: float, seed: int) -> bool:
+    """Whether a finished report ran the quality.py flags `arguments` (each one given, the thread count included: it
+    can change the last digits) at `rate` on `seed`."""
+    given = vars(quality.build_parser().parse_args([*arguments, "--prefix", "check"]))
+    ran = report.get("args", {})
+    ignored = {"out_dir", "prefix", "log_every", "no_plots"}  # where the run wrote, and how often it printed
+    every_row = ran.get("rows") is None or "diverged" in report  # not a run of some rows only
+    return bool(report.get("finished") and every_row and ran.get(f"{task}_lr") == rate and ran.get("seeds") == [seed]
+                and all(ran.get(k) == v for k, v in given.items() if k not in ignored and v not in (None, False)))  # fmt: skip
+
+
+def run_paths(out_dir: str, task: str, rate: float, seed: int) -> list[str]:
+    """The files a run of (task, rate, seed) may have written, in the order they were named."""
+    base = os.path.join(out_dir, run_name(task, rate, seed))
+    paths = [base + ".json"]
+    index = 2
+    while os.path.exists(f"{base}_run{index}.json"):
+        paths.append(f"{base}_run{index}.json")
+        index += 1
+    return paths
+
+
+def read_run(path: str, flag: str, fix: str) -> dict:
+    """The report of one tuning run, or one line naming the file and what is wrong with it (`fix`: what to do)."""
+    try:
+        return quality.read_reports([path], flag)[0]
+    except InputFileError as error:
+        raise SystemExit(f"tuning.py: error: {error}; {fix}") from None
+
+
+def finished_run(out_dir: str, arguments: list[str], task: str, rate: float, seed: int) -> dict | None:
+    """The first finished run of these settings in `out_dir`, or None (a damaged file is refused in one line)."""
+    for path in run_paths(out_dir, task, rate, seed):
+        if os.path.exists(path):
+            report = read_run(path, f"--task {task}", fix="move it away to run it again")
+            if same_settings(report, arguments, task, rate, seed):
+                return report
+    return None
+
+
+def chosen_run(out_dir: str, arguments: list[str], task: str, rate: float, seed: int) -> dict:
+    """`finished_run` for --choose: a run that is missing, did not finish or ran other settings is refused in one line
+    naming it, since a choice without it would not be the pass's."""
+    again = f"run `experiments/tuning.py --task {task}` (again) to finish the pass"
+    paths = [path for path in run_paths(out_dir, task, rate, seed) if os.path.exists(path)]
+    if not paths:
+        read_run(run_paths(out_dir, task, rate, seed)[0], "--choose", fix=again)  # says: no such file
+    reports = [read_run(path, "--choose", fix=again) for path in paths]
+    for report in reports:
+        if same_settings(report, arguments, task, rate, seed):
             return report
-    return quality.main([*arguments, "--prefix", prefix, "--overwrite"])
+    if not any(report.get("finished") for report in reports):
+        raise SystemExit(f"tuning.py: error: --choose: {paths[-1]} is a run that did not finish; {again}")
+    raise SystemExit(f"tuning.py: error: --choose: {paths[-1]} ran other settings than these flags (preset, data, "
+                     f"threads); give --choose the flags of the pass, or {again}")  # fmt: skip
 
 
-def learning_rate_search(task: str, values_at: Callable[[float], dict]) -> dict[float, dict]:
-    """{factor: {row: validation value}} over the grid `LR_FACTORS`, grown past an edge while a method's best factor
-    lies on it (at most `LR_EXTENSIONS` times per side). `values_at(factor)` trains or reads that factor's run."""
-    stage1 = {factor: values_at(factor) for factor in LR_FACTORS}
-    rows = list(stage1[LR_FACTORS[0]])
-    lowest, highest = min(LR_FACTORS) / 2**LR_EXTENSIONS, max(LR_FACTORS) * 2**LR_EXTENSIONS
+def task_has_runs(out_dir: str, task: str) -> bool:
+    """Whether a tuning pass of `task` left any run in `out_dir` (then every run of it must be there)."""
+    return any(name.startswith(f"{task}_lr") and name.endswith(".json") for name in os.listdir(out_dir))
+
+
+def free_path(out_dir: str, task: str, rate: float, seed: int) -> str:
+    """The first name of (task, rate, seed) that no file holds."""
+    paths = run_paths(out_dir, task, rate, seed)
+    return paths[0] if not os.path.exists(paths[0]) else paths[0][: -len(".json")] + f"_run{len(paths) + 1}.json"
+
+
+def run_once(arguments: list[str], out_dir: str, task: str, rate: float, seed: int) -> dict:
+    """The report of `quality.py <arguments>` at `rate` on `seed`: read from its JSON where a finished run of the same
+    settings left one, else trained under the first free name (an existing file is never replaced).
+
+    A row whose loss stops being finite ends quality.py's run; the run is then made again under the next free name
+    without that row (the stopped run's file stays), and the finished report lists it under "diverged", so that at
+    this rate the row counts as the worst of the grid."""
+    report = finished_run(out_dir, arguments, task, rate, seed)
+    if report is not None:
+        print(f"{run_name(task, rate, seed)}: finished earlier, read from {out_dir}", flush=True)
+        return report
+    diverged: dict[str, str] = {}
     while True:
-        bests = {best({f: values[row] for f, values in stage1.items()}, task) for row in rows}
-        low, high = min(stage1), max(stage1)
-        beyond = [f for edge, f, limit in ((low, low / 2, lowest), (high, high * 2, highest))
-                  if edge in bests and (f >= limit if f < edge else f <= limit)]  # fmt: skip
-        if not beyond:
-            return stage1
-        for factor in beyond:
-            stage1[factor] = values_at(factor)
+        path = free_path(out_dir, task, rate, seed)
+        rows = ["--rows", *[r for r in all_rows(arguments) if r not in diverged]] if diverged else []
+        try:
+            report = quality.main([*arguments, f"--{task}-lr", repr(rate), "--seeds", str(seed), *rows,
+                                   "--prefix", os.path.basename(path)[: -len(".json")]])  # fmt: skip
+        except FloatingPointError as error:
+            row = next((r for r in all_rows(arguments) if f" {r} seed {seed}:" in str(error)), None)
+            if row is None or row in diverged:
+                raise
+            diverged[row] = str(error)
+            print(f"{run_name(task, rate, seed)}: {row} diverged; again without it", flush=True)
+            continue
+        if diverged:
+            report["diverged"] = diverged
+            write_json(path, report)
+        return report
 
 
-def validation(report: dict, task: str, row: str) -> float:
-    (record,) = report["results"][task][row]
-    return record[TASKS[task][2]]
+def all_rows(arguments: list[str]) -> list[str]:
+    """The names of the rows a quality.py run of `arguments` trains (built for seed 0, not trained)."""
+    import torch
+
+    args = quality.parse_args([*arguments, "--prefix", "rows"])
+    maker = {"lm": quality.lm_task, "vit": quality.vit_task}[args.tasks[0]]
+    return [row.name for row in maker(args, torch.device("cpu")).rows(0)]
+
+
+def validation(report: dict, task: str) -> dict[str, float]:
+    """{row: validation value} of a one-seed report; a row that diverged counts as the worst value there is."""
+    worst = -math.inf if TASKS[task][3] else math.inf
+    values = {row: records[0][TASKS[task][2]] for row, records in report["results"][task].items()}
+    return {**values, **dict.fromkeys(report.get("diverged", {}), worst)}
 
 
 def best(candidates: dict, task: str):
@@ -120,83 +220,77 @@ def best(candidates: dict, task: str):
     return pick(candidates, key=candidates.get)
 
 
-def lr_prefix(task: str, rate: float) -> str:
-    return f"{task}_lr_{rate:g}"
+def learning_rate_search(task: str, values_at: Callable[[float], dict]) -> dict[float, dict]:
+    """{factor: {row: mean validation}} over the task's grid, grown past an edge while a method's best factor lies on
+    it (at most `LR_EXTENSIONS` times per side). `values_at(factor)` trains or reads that factor's runs, every seed."""
+    start = grid(task)
+    search = {factor: values_at(factor) for factor in start}
+    rows = list(search[start[0]])
+    lowest, highest = start[0] / 2**LR_EXTENSIONS, start[-1] * 2**LR_EXTENSIONS
+    while True:
+        bests = {best({f: values[row] for f, values in search.items()}, task) for row in rows}
+        low, high = min(search), max(search)
+        beyond = [f for edge, f, limit in ((low, low / 2, lowest), (high, high * 2, highest))
+                  if edge in bests and (f >= limit if f < edge else f <= limit)]  # fmt: skip
+        if not beyond:
+            return search
+        for factor in beyond:
+            search[factor] = values_at(factor)
 
 
-def tune(args, task: str) -> None:
-    _, damcha_row, _, _ = TASKS[task]
-    rows = ["MHA", damcha_row, "DCMHA"]
+def mean_over_seeds(reports: list[dict], task: str) -> dict[str, float]:
+    per_row: dict[str, list[float]] = {}
+    for report in reports:
+        for row, value in validation(report, task).items():
+            per_row.setdefault(row, []).append(value)
+    return {row: statistics.fmean(values) for row, values in per_row.items()}
+
+
+def tune(args, task: str) -> dict:
     base = common_arguments(args, task)
 
     def train(factor):
         rate = rate_of(args, task, factor)
-        report = run_once([*base, "--rows", *rows, f"--{task}-lr", repr(rate)], args.out_dir, lr_prefix(task, rate),
-                          task, rate)  # fmt: skip
-        return {row: validation(report, task, row) for row in rows}
+        return mean_over_seeds([run_once(base, args.out_dir, task, rate, seed) for seed in args.seeds], task)
 
-    stage1 = learning_rate_search(task, train)
-    damcha_rate = rate_of(args, task, best({f: values[damcha_row] for f, values in stage1.items()}, task))
-    hidden = preset(args)["metric_hidden_size"]
-    for name, setting in GENERATOR_SETTINGS.items():
-        run_once([*base, "--rows", damcha_row, f"--{task}-lr", repr(damcha_rate), *setting(hidden)], args.out_dir,
-                 f"{task}_damcha_{name}", task, damcha_rate)  # fmt: skip
+    return learning_rate_search(task, train)
 
 
 def choose(args) -> dict:
-    """chosen.json and tuning.md from the finished runs of every task tuned in `out_dir`."""
+    """chosen.json and tuning.md from the finished runs of every task tuned in `out_dir`: each row at the rate of its
+    best mean validation over the seeds."""
+    from experiments import report as built_report
+
     chosen, lines = {}, []
-    hidden = preset(args)["metric_hidden_size"]
-    for task, (_, damcha_row, _, larger_is_better) in TASKS.items():
-        methods = {"MHA": "MHA", "DAMCHA": damcha_row, "DCMHA": "DCMHA"}
-        reports = {}
+    for task, (_, damcha_row, _, _) in TASKS.items():
+        base = common_arguments(args, task)
 
-        def read(factor, task=task, reports=reports, methods=methods):
+        def read(factor, task=task, base=base):
             rate = rate_of(args, task, factor)
-            reports[rate] = quality.read_reports([os.path.join(args.out_dir, lr_prefix(task, rate) + ".json")])[0]
-            return {row: validation(reports[rate], task, row) for row in methods.values()}
+            return mean_over_seeds([chosen_run(args.out_dir, base, task, rate, seed) for seed in args.seeds], task)
 
-        try:
-            stage1 = learning_rate_search(task, read)
-        except FileNotFoundError:  # this task's pass has not run (or not finished): nothing to choose
+        if not task_has_runs(args.out_dir, task):  # this task was not tuned here: nothing to choose
             continue
-        factors = {rate_of(args, task, f): f for f in stage1}
-        values = {m: {rate_of(args, task, f): v[row] for f, v in stage1.items()} for m, row in methods.items()}
-        rates = {m: best(v, task) for m, v in values.items()}
-        generator = {"default": values["DAMCHA"][rates["DAMCHA"]]}
-        for name in GENERATOR_SETTINGS:
-            report = quality.read_reports([os.path.join(args.out_dir, f"{task}_damcha_{name}.json")])[0]
-            if report["args"].get(f"{task}_lr") != rates["DAMCHA"]:
-                raise SystemExit(f"--choose: {task}_damcha_{name}.json ran at another rate than DAMCHA's best "
-                                 f"({rates['DAMCHA']:g}); run --task {task} again")  # fmt: skip
-            generator[name] = validation(report, task, damcha_row)
-        setting = best(generator, task)
-        damcha = {"metric_hidden_size": hidden, "metric_input_norm": "none", "metric_lr_multiplier": 1.0}
-        damcha.update({
-            "hidden_half": {"metric_hidden_size": hidden // 2}, "hidden_double": {"metric_hidden_size": 2 * hidden},
-            "generator_lr_x3": {"metric_lr_multiplier": 3.0}, "generator_lr_x10": {"metric_lr_multiplier": 10.0},
-            "input_layernorm": {"metric_input_norm": "layernorm"},
-        }.get(setting, {}))  # fmt: skip
-        chosen[task] = {"lr": rates, **damcha}
-        scale, digits, unit = (100, 2, "validation top-1 %") if larger_is_better else (1, 3, "validation bits per byte")
-        lines += [f"## {task}: {unit} (seed {reports[rates['MHA']]['args']['seeds'][0]}; "
-                  f"{'higher' if larger_is_better else 'lower'} is better)", "",
-                  "| learning rate | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]  # fmt: skip
-        for rate in sorted(factors):
-            cells = [
-                f"{scale * values[m][rate]:.{digits}f}" + (" (chosen)" if rates[m] == rate else "") for m in methods
-            ]
-            lines.append(f"| {rate:g} ({factors[rate]:g}x) | " + " | ".join(cells) + " |")
-        lines += ["", f"DAMCHA's generator at learning rate {rates['DAMCHA']:g}:", "",
-                  "| setting | " + unit + " |", "|---|---|"]  # fmt: skip
-        for name, value in generator.items():
-            lines.append(f"| {name} | {scale * value:.{digits}f}" + (" (chosen)" if name == setting else "") + " |")
-        lines.append("")
+        search = learning_rate_search(task, read)
+        means = {
+            row: {rate_of(args, task, f): values[row] for f, values in search.items()} for row in search[grid(task)[0]]
+        }
+        rates = {row: best(values, task) for row, values in means.items()}
+        rates.update({"DAMCHA": rates[damcha_row]})  # quality.py's fallback for a DAMCHA row it is not given
+        chosen[task] = {"lr": rates, "metric_hidden_size": preset(args)["metric_hidden_size"],
+                        "metric_input_norm": "none", "metric_lr_multiplier": 1.0, "seeds": list(args.seeds),
+                        "grid": sorted(rate_of(args, task, f) for f in search),
+                        "mean_validation": {row: {f"{rate:g}": value if math.isfinite(value) else None
+                                                  for rate, value in sorted(values.items())}
+                                            for row, values in means.items()}}  # fmt: skip
+        lines += [f"## {task}", "", built_report.tuning_table(os.path.abspath(args.out_dir), task), ""]
     if not chosen:
-        raise SystemExit(f"--choose: no task has its three learning-rate runs in {args.out_dir}; run --task first")
+        raise SystemExit(
+            f"--choose: no task has its runs on every seed of the grid in {args.out_dir}; run --task first"
+        )
     write_json(os.path.join(args.out_dir, "chosen.json"), chosen)
     atomic_write(os.path.join(args.out_dir, "tuning.md"), "\n".join(lines))
-    print("\n".join(lines) + "\n" + json.dumps(chosen, indent=2))
+    print("\n".join(lines) + "\n" + json.dumps({task: entry["lr"] for task, entry in chosen.items()}, indent=2))
     return chosen
 
 
@@ -205,6 +299,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if bool(args.task) == args.choose:
         parser.error("give either --task TASK (run its tuning pass) or --choose (read the runs)")
+    if len(set(args.seeds)) < MINIMUM_SEEDS and not args.tiny:
+        parser.error(f"--seeds: the same budget for every method is at least {MINIMUM_SEEDS} distinct seeds per rate, "
+                     f"got {args.seeds}")  # fmt: skip
     os.makedirs(args.out_dir, exist_ok=True)
     if args.choose:
         return choose(args)

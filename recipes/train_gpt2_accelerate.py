@@ -270,27 +270,24 @@ def main(argv=None) -> dict:
             save_checkpoint(accelerator, tokenizer, run, step, log_history, model_config, position)
         return step >= args.max_steps
 
-    if args.streaming:
-        for batch in streamed_batches(train, args, accelerator, stream_position):
-            train_step(batch)
-            if not accelerator.sync_gradients:
-                continue
-            step += 1
-            if after_optimizer_step():
-                break
-    else:
+    def training_batches():
+        """The batches still to train on: the stream past what was seen, or the epochs from the resumed step on."""
+        if args.streaming:
+            yield from streamed_batches(train, args, accelerator, stream_position)
+            return
         steps_per_epoch = math.ceil(len(train_loader) / args.gradient_accumulation_steps)
-        while step < args.max_steps:
+        while step < args.max_steps:  # `step` as the loop below has advanced it
             epoch, done_in_epoch = divmod(step, steps_per_epoch)
             train_loader.set_epoch(epoch)
-            batches = accelerator.skip_first_batches(train_loader, done_in_epoch * args.gradient_accumulation_steps)
-            for batch in batches:
-                train_step(batch)
-                if not accelerator.sync_gradients:
-                    continue
-                step += 1
-                if after_optimizer_step():
-                    break
+            yield from accelerator.skip_first_batches(train_loader, done_in_epoch * args.gradient_accumulation_steps)
+
+    for batch in training_batches():
+        train_step(batch)
+        if not accelerator.sync_gradients:
+            continue
+        step += 1
+        if after_optimizer_step():
+            break
 
     progress.close()
     results = evaluate(model, eval_loader, accelerator, byte_lengths)

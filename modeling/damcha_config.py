@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from .config_rules import ConfigField, DamchaConfigError, FieldRule, choice_rule, positive_int_rule
 from .metric_choices import METRIC_CONTEXTS, METRIC_FORMS, METRIC_INPUT_NORMS, METRIC_MASKS, METRIC_SHARINGS
-from .variants import CROSS_HEAD_VARIANTS, DEFAULT_VARIANT, VARIANTS, variant_config_fields, variant_of
+from .variants import CROSS_HEAD_VARIANTS, DEFAULT_VARIANT, VARIANTS, variant_config_fields, variant_of, variant_rule
 
 # The transformers releases CI runs (`.ci/run`), oldest first: setup.cfg's range runs from the oldest (5.16.1, what
 # vLLM's newest release installs beside) up to the minor version after the newest, its upper bound moved with each new
@@ -31,7 +31,7 @@ VARIANT_FIELDS: dict[str, ConfigField] = {
     "cross_head_variant": ConfigField(
         str,
         DEFAULT_VARIANT,
-        choice_rule(CROSS_HEAD_VARIANTS),
+        variant_rule(),
         textwrap.fill(
             "The attention of every self-attention layer, so that comparisons differ only in attention: "
             + ", ".join(variant.config_doc for variant in VARIANTS.values())
@@ -78,7 +78,7 @@ def variant_option_refusal(caller: str, options: dict, known, variant: str | Non
     would not read (at its default it changes nothing: a saved config carries every variant's fields)."""
     for name, value in options.items():
         if name in VARIANT_FIELDS:
-            if variant is None or name == "cross_head_variant" or name in VARIANTS[variant].fields:
+            if variant not in VARIANTS or name == "cross_head_variant" or name in VARIANTS[variant].fields:
                 continue
             if value == VARIANT_FIELDS[name].default:
                 continue

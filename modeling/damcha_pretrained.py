@@ -12,6 +12,8 @@ Part of the remote-code payload: imports only transformers and its sibling files
 
 import contextvars
 import functools
+import inspect
+import os
 import warnings
 
 from torch import nn
@@ -348,14 +350,46 @@ class DamchaPreTrainedMixin:
             self.config.auto_map = self.family_auto_map()
         defining_class, saved_class = self._defining_class(), type(self)
         if defining_class is saved_class:
-            return super().save_pretrained(save_directory, *args, **kwargs)
+            saved = super().save_pretrained(save_directory, *args, **kwargs)
+            self._keep_only_the_saved_code(save_directory, *args[:1], **kwargs)
+            return saved
         # An FSDP-wrapped model (`save_pretrained(..., state_dict=accelerator.get_state_dict(model))`): transformers
         # would copy the wrapper's module, torch's FSDP files, as the model code and name `FSDP<Class>` in auto_map.
         self.__class__ = defining_class
         try:
-            return super().save_pretrained(save_directory, *args, **kwargs)
+            saved = super().save_pretrained(save_directory, *args, **kwargs)
+            self._keep_only_the_saved_code(save_directory, *args[:1], **kwargs)
+            return saved
         finally:
             self.__class__ = saved_class
+
+    def _upload_modified_files(self, working_dir, *args, **kwargs):
+        # `save_pretrained(..., push_to_hub=True)` uploads from inside transformers' save: reduce the code first.
+        self._keep_only_the_saved_code(working_dir)
+        return super()._upload_modified_files(working_dir, *args, **kwargs)
+
+    def _keep_only_the_saved_code(self, folder, is_main_process: bool = True, **save_options) -> None:
+        """Leave in `folder` only the code this checkpoint runs (`checkpoint_code.py`): its family's, its variant's and
+        plain attention's, and the shared core, of the files transformers' save copied there. Only the process that
+        copied them changes them (`is_main_process`, as `save_pretrained` takes it)."""
+        saves_here = getattr(self, "should_save_on_this_rank", lambda main: main)(is_main_process)
+        if not saves_here or not self.is_remote_code() or not os.path.isdir(folder):
+            return
+        from .checkpoint_code import keep_only_the_saved_code
+        from .variants import PLUGIN_VARIANTS
+
+        kept_variants = (variant_of(self.config), VARIANTS["none"])
+        keep_only_the_saved_code(
+            folder,
+            code_folder=os.path.dirname(inspect.getfile(self._defining_class())),
+            entry_modules={
+                reference.rpartition(".")[0]
+                for reference in (self.config.auto_map or {}).values()
+                if isinstance(reference, str) and "--" not in reference
+            },
+            kept_variant_modules={type(variant).__module__.rpartition(".")[2] for variant in kept_variants},
+            plugin_variants=PLUGIN_VARIANTS,
+        )
 
 
 def forward_with_cross_head_metric(stock_forward):

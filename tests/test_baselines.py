@@ -247,13 +247,14 @@ def test_bad_variant_options_name_the_field(overrides, field):
 
 
 def test_dcmha_checkpoint_loads_as_remote_code_without_the_plugin(tmp_path):
-    """The variant modules are copied next to the weights (the core imports them), and the checkpoint runs there."""
+    """The variant's modules are copied next to the weights (its declaration imports them), and the checkpoint runs
+    there."""
     from test_remote_code import load_in_fresh_process
 
     model = variant_lm("dcmha")
     folder = tmp_path / "checkpoint"
     model.save_pretrained(folder)
-    assert {"dcmha.py", "talking_heads.py", "metric.py"} <= {path.name for path in folder.glob("*.py")}
+    assert {"variant_dcmha.py", "dcmha.py", "metric.py"} <= {path.name for path in folder.glob("*.py")}
     inputs = {"input_ids": tokens(seq=9)}
     with torch.no_grad():
         expected = model(**inputs).logits

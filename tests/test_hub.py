@@ -1,6 +1,5 @@
 """Hub export: model cards, `save_hub_checkpoint`, `push_checkpoint` (HfApi faked at the network), `inspect`."""
 
-import inspect
 import json
 import math
 import re
@@ -15,10 +14,10 @@ from attention_oracle import oracle_cross_head
 from conftest import randomize_cross_head, tiny_damcha_gpt2_config
 from huggingface_hub import HfApi, ModelCard
 from PIL import Image
+from shipped_code import expected_code
 from test_remote_code import load_in_fresh_process
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
-from transformers.dynamic_module_utils import get_relative_import_files
 
 import damcha_hf
 from damcha_hf import hub
@@ -26,12 +25,10 @@ from damcha_hf.cli import main as cli_main
 from damcha_hf.metric_map import compute_metric_map, write_metric_map
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# The model code a GPT-2 checkpoint carries: the config and model files and their relative imports (found by
-# transformers' own resolver, independent of damcha_hf.hub).
-GPT2_CODE_FILES = sorted(
-    {"configuration_damcha_gpt2.py", "modeling_damcha_gpt2.py"}
-    | {Path(path).name for path in get_relative_import_files(inspect.getfile(damcha_hf.DamchaGPT2LMHeadModel))}
-)
+# The model code a GPT-2 checkpoint of the default variant carries: the config and model files and their relative
+# imports, with the variant registry importing DAMCHA's and plain attention's declarations only (independent of
+# damcha_hf.hub).
+GPT2_CODE_FILES = sorted(expected_code(["configuration_damcha_gpt2", "modeling_damcha_gpt2"], "damcha"))
 
 # A Trainer `state.log_history`, in the shape transformers writes it.
 LOG_HISTORY = [

@@ -420,8 +420,8 @@ def loading_section(
         "\n\n"
         + snippet(plugin=True)
         + "\n\nWithout the plugin: the repository carries the model code (`configuration_damcha_*.py`, "
-        "`modeling_damcha_*.py`, `metric.py`, `dispatch.py` and the files they import; they import only torch and "
-        "transformers), which "
+        "`modeling_damcha_*.py`, the attention variant's `variant_*.py` and the files they import: this family's and "
+        "this variant's code only, which imports only torch and transformers), which "
         "transformers runs when you allow remote code. Read it first: it executes on your machine.\n\n"
         + snippet(plugin=False)
         + (

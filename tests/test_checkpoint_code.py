@@ -98,6 +98,8 @@ def test_a_file_the_save_did_not_copy_is_never_removed(tmp_path):
 
 
 def test_save_pretrained_pushing_to_the_hub_uploads_only_the_saved_code(tmp_path, monkeypatch):
+    if not all(hasattr(transformers.modeling_utils, name) for name in ("hf_api", "create_and_tag_model_card")):
+        pytest.skip("this transformers release reaches the Hub through other names than the fakes below replace")
     uploaded = []
 
     class FakeApi:
@@ -107,7 +109,7 @@ def test_save_pretrained_pushing_to_the_hub_uploads_only_the_saved_code(tmp_path
     def fake_upload(self, working_dir, repo_id, files_timestamps, **kwargs):
         uploaded.extend(sorted(name for name in os.listdir(working_dir) if name.endswith(".py")))
 
-    monkeypatch.setattr(transformers.modeling_utils, "hf_api", lambda: FakeApi(), raising=False)
+    monkeypatch.setattr(transformers.modeling_utils, "hf_api", lambda: FakeApi())
     monkeypatch.setattr(transformers.modeling_utils, "create_and_tag_model_card", lambda *a, **k: _NoCard())
     model = trained_model("gpt2", dtype=torch.float32, cross_head_variant="moa")
     monkeypatch.setattr(transformers.PreTrainedModel, "_upload_modified_files", fake_upload)

@@ -30,12 +30,13 @@ from conftest import (
     TINY_VIT,
     disable_activation_checkpointing,
     enable_activation_checkpointing,
+    load_checkpoints_in_fresh_process,
+    load_recipe,
     randomize_cross_head,
     tiny_bart_config,
     tiny_gpt2_config,
     tiny_llama_config,
 )
-from test_remote_code import load_checkpoints_in_fresh_process
 from tiny_decoders import tiny_stock_config
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -949,8 +950,6 @@ def unsupported_models():
 
 
 def test_an_unsupported_model_gets_one_line_naming_the_supported_families(tmp_path, capsys):
-    from test_recipes import load_recipe
-
     supported = [f"{family.display_name} ({family.model_type})" for family in FAMILIES]
     for model in unsupported_models():
         with pytest.raises(TypeError) as error:

@@ -13,9 +13,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import RECIPE_NAMES, TINY_RECIPE_ARGS, USER_BYTES, load_recipe, one_error_line, snapshot, tiny_lm
 from huggingface_hub import HfApi
-from test_hub import online  # noqa: F401 (a fixture)
-from test_safety import RECIPE_NAMES, TINY, USER_BYTES, load_recipe, one_error_line, snapshot, tiny_lm
 
 from damcha_hf import hub
 from damcha_hf.cli import main as cli_main
@@ -393,7 +392,17 @@ def trained_run(tmp_path_factory) -> Path:
     corpus.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(400)))
     run = folder / "run"
     recipe = load_recipe("train_gpt2")
-    args_run = ["--data", str(corpus), *TINY, "--output-dir", str(run), "--max-steps", "2", "--save-steps", "1"]
+    args_run = [
+        "--data",
+        str(corpus),
+        *TINY_RECIPE_ARGS,
+        "--output-dir",
+        str(run),
+        "--max-steps",
+        "2",
+        "--save-steps",
+        "1",
+    ]
     recipe.main(args_run)
     return run
 
@@ -402,7 +411,7 @@ def copy_of(run: Path, tmp_path: Path) -> tuple[Path, list[str]]:
     copy = tmp_path / "run"
     shutil.copytree(run, copy, ignore=shutil.ignore_patterns(".damcha-hf-run.lock"))
     corpus = run.parent / "corpus.txt"
-    return copy, ["--data", str(corpus), *TINY, "--output-dir", str(copy), "--save-steps", "1"]
+    return copy, ["--data", str(corpus), *TINY_RECIPE_ARGS, "--output-dir", str(copy), "--save-steps", "1"]
 
 
 @pytest.mark.parametrize(
@@ -529,7 +538,7 @@ def test_accelerate_resume_checks_its_state_and_can_continue_from_the_weights_al
     recipe = load_recipe("train_gpt2_accelerate")
     run = tmp_path / "accelerate"
     corpus = trained_run.parent / "corpus.txt"
-    argv = ["--data", str(corpus), *TINY, "--output-dir", str(run), "--max-steps", "2", "--save-steps", "2"]
+    argv = ["--data", str(corpus), *TINY_RECIPE_ARGS, "--output-dir", str(run), "--max-steps", "2", "--save-steps", "2"]
     recipe.main(argv)
     trained_checksum = (run / "parameter_sha256_rank0.txt").read_text()
     (run / "checkpoint-2" / "optimizer.bin").unlink()

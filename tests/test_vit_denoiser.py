@@ -8,8 +8,7 @@ import math
 import pytest
 import torch
 import transformers
-from conftest import randomize_cross_head
-from test_remote_code import expected_auto_map, load_in_fresh_process
+from conftest import expected_auto_map, load_in_fresh_process, randomize_cross_head
 
 import damcha_hf
 from damcha_hf.modeling.modeling_damcha_vit_denoiser import sinusoidal_timestep_features

@@ -42,9 +42,11 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 import damcha_hf
 from damcha_hf.families import FAMILIES, family_for_model_type
+from damcha_hf.modeling.colmha import CollaborativeMixing
 from damcha_hf.modeling.cross_head_variant import ALL_BACKENDS
 from damcha_hf.modeling.damcha_config import CROSS_HEAD_VARIANTS, METRIC_FORMS
 from damcha_hf.modeling.damcha_family import DamchaFamily, DamchaHead
+from damcha_hf.modeling.moa import HeadRouter
 from damcha_hf.modeling.variants import VARIANTS, backends_of
 
 
@@ -743,6 +745,14 @@ def test_save_and_load_through_the_auto_class_round_trips_exactly(name, head, va
     loader = getattr(transformers, head.auto_class) if head.auto_class else head.model_class
     loaded = loader.from_pretrained(tmp_path).eval()
     assert type(loaded) is head.model_class
+    # What the variant's options make of the model is what comes back: ColMHA compressed (its query and key maps
+    # narrower than all heads' width), MoA sparse (each router keeping fewer heads than there are).
+    if variant == "colmha":
+        maps = [module.query_compression for module in loaded.modules() if isinstance(module, CollaborativeMixing)]
+        assert maps and all(m is not None and m.shape[1] == options["colmha_key_dim"] < m.shape[0] for m in maps)
+    if variant == "moa":
+        routers = [module for module in loaded.modules() if isinstance(module, HeadRouter)]
+        assert routers and all(router.top_k == options["moa_top_k"] < router.num_heads for router in routers)
     # Every config field comes back, except where the config was loaded from.
     assert {**loaded.config.to_dict(), "_name_or_path": ""} == {**model.config.to_dict(), "_name_or_path": ""}
     assert loaded.state_dict().keys() == model.state_dict().keys()

@@ -1,4 +1,5 @@
-"""Shared test setup: offline, deterministic, tiny random configs."""
+"""Shared test setup and helpers: offline, deterministic, tiny random configs, generated data sets, recipe runs, the
+fresh-interpreter checkpoint loader and a fake Hub. Test modules import these from here, never from each other."""
 
 import gzip
 import inspect
@@ -320,6 +321,9 @@ def image_rows(count: int, *, size: int = 8, classes=("dark", "light"), seed: in
     return rows
 
 
+# --- the recipes, their runs and the folders they write -------------------------------------------------------------
+
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECIPES_FOLDER = str(REPO_ROOT / "recipes")
 
@@ -398,6 +402,13 @@ def one_error_line(captured: str) -> str:
     return lines[0]
 
 
+def dead_pid() -> int:
+    """The id of a process that has ended (what a killed save leaves in its temporary names)."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
 def train_lora_adapter(recipe, folder: Path, output_dir: str, *extra: str):
     """A tiny stock GPT-2 in `folder/gpt2`, a corpus, and three LoRA steps on them into `output_dir`."""
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -417,6 +428,7 @@ def train_lora_adapter(recipe, folder: Path, output_dir: str, *extra: str):
 
 # A fenced Python block of a model card or a Markdown file.
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
 
 # --- loading a checkpoint in a fresh interpreter without the plugin ---------------------------------------------
 

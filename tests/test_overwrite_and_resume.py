@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_RECIPE_ARGS, load_recipe, one_error_line, snapshot
+from conftest import TINY_RECIPE_ARGS, dead_pid, load_recipe, one_error_line, snapshot
 from safetensors.torch import load_file
 
 from damcha_hf.safe_files import RUN_LOCK_FILE, RUN_RECORD_FILE, SAVE_RECORD_FILE, output_folders
@@ -70,12 +70,6 @@ def assert_same_weights(folder: Path, other: Path) -> None:
     assert mine.keys() == theirs.keys()
     for name in mine:
         assert torch.equal(mine[name], theirs[name]), name
-
-
-def dead_pid() -> int:
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    return process.pid
 
 
 def start_only(recipe, argv: list[str]):

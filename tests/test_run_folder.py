@@ -13,7 +13,16 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import RECIPE_NAMES, TINY_RECIPE_ARGS, USER_BYTES, load_recipe, one_error_line, snapshot, tiny_lm
+from conftest import (
+    RECIPE_NAMES,
+    TINY_RECIPE_ARGS,
+    USER_BYTES,
+    dead_pid,
+    load_recipe,
+    one_error_line,
+    snapshot,
+    tiny_lm,
+)
 from huggingface_hub import HfApi
 
 from damcha_hf import hub
@@ -44,13 +53,6 @@ def start_run(argv: list[str], name: str = "train_gpt2"):
     """Parse as a run of the recipe does (locking --output-dir and finishing what a killed save left), then end it."""
     recipe = load_recipe(name)
     return recipe.run_folder.holding_run_folder(recipe.parse_args)(argv)
-
-
-def dead_pid() -> int:
-    """The id of a process that has ended (what a killed save leaves in its temporary names)."""
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    return process.pid
 
 
 def base_argument(name: str, tmp_path: Path) -> list[str]:

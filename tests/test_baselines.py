@@ -5,16 +5,17 @@ Oracles: vanilla `GPT2LMHeadModel` (every variant starts as MHA), and a naive pe
 below from the papers' formulas, with explicit loops over batch, query, key and head pairs.
 """
 
-import math
-
 import pytest
 import torch
+from attention_oracle import oracle_score_mixing_layer
 from conftest import (
     CACHE_ARGUMENT,
+    load_in_fresh_process,
     randomize_cross_head,
     tiny_damcha_gpt2_config,
     tiny_damcha_vit_config,
     tiny_gpt2_config,
+    tiny_token_ids,
 )
 from transformers import (
     AutoModelForCausalLM,
@@ -28,10 +29,6 @@ VARIANTS = ["damcha", "talking_heads", "dcmha", "none"]
 SCORE_MIXING = ["talking_heads", "dcmha"]
 
 
-def tokens(batch=2, seq=12, seed=0):
-    return torch.randint(1, 97, (batch, seq), generator=torch.Generator().manual_seed(seed))
-
-
 def variant_lm(variant, randomize=True, **overrides) -> DamchaGPT2LMHeadModel:
     model = DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(cross_head_variant=variant, **overrides)).eval()
     if randomize:
@@ -43,78 +40,7 @@ def causal_mask(seq):
     return torch.full((seq, seq), torch.finfo(torch.float32).min).triu(1)[None, None]
 
 
-# --- the oracle --------------------------------------------------------------------------------------------------
-
-
-def head_mixing_matrices(attention, x, variant):
-    """`M[stage][b, t, s]`: the H x H matrix that maps the head vector of entry (t, s) of the logits (stage 0) or of
-    the weights (stage 1), written from the papers' formulas with the layer's raw parameters."""
-    batch, seq, _ = x.shape
-    heads = attention.config.num_attention_heads
-    mixing = attention.cross_head_mixing
-    if variant == "talking_heads":
-        return [p.expand(batch, seq, seq, heads, heads) for p in (mixing.logits_projection, mixing.weights_projection)]
-    rank = mixing.rank
-
-    def branch(c):  # c: 0 pre-query, 1 pre-key, 2 post-query, 3 post-key
-        hidden = torch.nn.functional.gelu(x @ mixing.hidden_projection[:, c, :])  # (b, n, C)
-        read = (hidden @ mixing.read_projection[c].flatten(1)).unflatten(-1, (rank, heads))
-        read = read / torch.sqrt((read**2).mean(-1, keepdim=True) + 1e-6)  # RMS over heads, no scale
-        write = (hidden @ mixing.write_projection[c].flatten(1)).unflatten(-1, (rank, heads))
-        gate = torch.tanh(x @ mixing.gate_projection[:, c, :])  # (b, n, H)
-        return read, write, gate
-
-    matrices = []
-    for stage in range(2):
-        q_read, q_write, q_gate = branch(2 * stage)
-        k_read, k_write, k_gate = branch(2 * stage + 1)
-        m = torch.zeros(batch, seq, seq, heads, heads)
-        for b in range(batch):
-            for t in range(seq):
-                for s in range(seq):
-                    for i in range(heads):  # output head
-                        for j in range(heads):  # input head
-                            value = mixing.base_projection[stage, i, j]
-                            value = value + sum(q_write[b, t, r, i] * q_read[b, t, r, j] for r in range(rank))
-                            value = value + sum(k_write[b, s, r, i] * k_read[b, s, r, j] for r in range(rank))
-                            if i == j:
-                                value = value + q_gate[b, t, i] + k_gate[b, s, i]
-                            m[b, t, s, i, j] = value
-        matrices.append(m)
-    return matrices
-
-
-def oracle_attention(attention, x, variant, causal=True):
-    """One attention layer (GPT-2's, or ViT's with `causal=False`) written out by hand for a score-mixing variant:
-    per entry (t, s), the head vector of the logits is mixed by M_pre(t, s), masked, softmaxed per head, and mixed
-    again by M_post(t, s)."""
-    batch, seq, hidden = x.shape
-    heads = attention.num_heads if causal else attention.config.num_attention_heads
-    head_dim = hidden // heads
-    if causal:  # GPT-2: one Conv1D (x @ W + b) for q, k, v
-        qkv = (x @ attention.c_attn.weight + attention.c_attn.bias).split(hidden, dim=-1)
-    else:  # ViT: nn.Linear (x @ W^T + b) each
-        qkv = [x @ p.weight.T + p.bias for p in (attention.q_proj, attention.k_proj, attention.v_proj)]
-    q, k, v = (t.reshape(batch, seq, heads, head_dim) for t in qkv)
-    pre, post = head_mixing_matrices(attention, x, variant)
-    out = torch.zeros(batch, seq, heads, head_dim)
-    for b in range(batch):
-        for t in range(seq):
-            logits = torch.zeros(heads, seq)
-            for s in range(seq):
-                raw = torch.stack([q[b, t, j] @ k[b, s, j] / math.sqrt(head_dim) for j in range(heads)])
-                logits[:, s] = pre[b, t, s] @ raw
-            visible = t + 1 if causal else seq
-            logits[:, visible:] = float("-inf")  # causal, applied after the mix
-            weights = torch.softmax(logits, dim=-1)
-            for s in range(visible):
-                mixed = post[b, t, s] @ weights[:, s]
-                for i in range(heads):
-                    out[b, t, i] += mixed[i] * v[b, s, i]
-    out = out.reshape(batch, seq, hidden)
-    if causal:
-        return out @ attention.c_proj.weight + attention.c_proj.bias
-    return out @ attention.o_proj.weight.T + attention.o_proj.bias
+# --- the attention layer against the oracle ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("variant", SCORE_MIXING)
@@ -124,9 +50,9 @@ def test_attention_layer_matches_head_pair_oracle(variant):
     x = torch.randn(2, 6, 32)
     with torch.no_grad():
         out, _ = attention(x, attention_mask=causal_mask(6))
-        expected = oracle_attention(attention, x, variant)
+        expected = oracle_score_mixing_layer(attention, x, variant)
     assert (
-        expected - oracle_attention(variant_lm(variant, randomize=False).transformer.h[1].attn, x, variant)
+        expected - oracle_score_mixing_layer(variant_lm(variant, randomize=False).transformer.h[1].attn, x, variant)
     ).abs().max() > 1e-2
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
 
@@ -138,7 +64,7 @@ def test_dcmha_rank_changes_the_projections():
     x = torch.randn(1, 5, 32)
     with torch.no_grad():
         out, _ = model.transformer.h[0].attn(x, attention_mask=causal_mask(5))
-        expected = oracle_attention(model.transformer.h[0].attn, x, "dcmha")
+        expected = oracle_score_mixing_layer(model.transformer.h[0].attn, x, "dcmha")
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -151,7 +77,7 @@ def test_fresh_model_starts_as_mha_and_has_only_its_own_parameters(variant):
     names = [name for name, _ in model.named_parameters() if "cross_head_" in name]
     vanilla = GPT2LMHeadModel(tiny_gpt2_config()).eval()
     vanilla.load_state_dict(model.state_dict(), strict=False)
-    ids = tokens()
+    ids = tiny_token_ids(seq=12, lowest=1)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, vanilla(ids).logits, rtol=0, atol=1e-5)
     expected_prefix = {
@@ -169,7 +95,7 @@ def test_fresh_model_starts_as_mha_and_has_only_its_own_parameters(variant):
 def test_dcmha_start_is_trainable():
     """The zero-initialised write and gate projections get gradient at the MHA start (the factors are not all zero)."""
     model = variant_lm("dcmha", randomize=False).train()
-    ids = tokens()
+    ids = tiny_token_ids(seq=12, lowest=1)
     model(ids, labels=ids).loss.backward()
     mixing = model.transformer.h[0].attn.cross_head_mixing
     assert mixing.write_projection.grad.abs().max() > 0
@@ -184,7 +110,7 @@ def test_dcmha_cache_stores_key_weights_per_position():
     """Prefill then token-by-token decoding equals one full forward, and the cache keeps DCMHA's key-side weights
     (2 (2R + 1) numbers per head and position) next to the keys."""
     model = variant_lm("dcmha")
-    ids = tokens(seq=10)
+    ids = tiny_token_ids(seq=10, lowest=1)
     with torch.no_grad():
         full = model(ids).logits
         prefill = model(ids[:, :6], use_cache=True)
@@ -216,7 +142,7 @@ def test_non_eager_backend_is_refused_with_the_fix(variant, tmp_path):
     # A config switched behind the model's back fails at the forward, not silently.
     model.config._attn_implementation_internal = "sdpa"
     with pytest.raises(ValueError, match="attn_implementation='eager'"):
-        model(tokens())
+        model(tiny_token_ids(seq=12, lowest=1))
 
 
 @pytest.mark.parametrize("variant", ["damcha", "none"])
@@ -228,7 +154,7 @@ def test_other_variants_keep_sdpa(variant):
     randomize_cross_head(model, scale=0.3)
     eager = DamchaGPT2LMHeadModel._from_config(model.config, attn_implementation="eager").eval()
     eager.load_state_dict(model.state_dict())
-    ids = tokens()
+    ids = tiny_token_ids(seq=12, lowest=1)
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, eager(ids).logits, rtol=1e-5, atol=1e-5)
 
@@ -249,13 +175,12 @@ def test_bad_variant_options_name_the_field(overrides, field):
 def test_dcmha_checkpoint_loads_as_remote_code_without_the_plugin(tmp_path):
     """The variant's modules are copied next to the weights (its declaration imports them), and the checkpoint runs
     there."""
-    from test_remote_code import load_in_fresh_process
 
     model = variant_lm("dcmha")
     folder = tmp_path / "checkpoint"
     model.save_pretrained(folder)
     assert {"variant_dcmha.py", "dcmha.py", "metric.py"} <= {path.name for path in folder.glob("*.py")}
-    inputs = {"input_ids": tokens(seq=9)}
+    inputs = {"input_ids": tiny_token_ids(seq=9, lowest=1)}
     with torch.no_grad():
         expected = model(**inputs).logits
     report = load_in_fresh_process(folder, inputs, ["AutoModelForCausalLM"], tmp_path / "fresh")
@@ -286,7 +211,7 @@ def test_vit_attention_layer_matches_head_pair_oracle(variant):
     x = torch.randn(2, 6, 32)
     with torch.no_grad():
         out, _ = attention(x)
-        expected = oracle_attention(attention, x, variant, causal=False)
+        expected = oracle_score_mixing_layer(attention, x, variant, causal=False)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
 
 

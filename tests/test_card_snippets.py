@@ -6,7 +6,6 @@ import contextlib
 import inspect
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -17,10 +16,13 @@ import pytest
 import torch
 from conftest import (
     AUTO_IMAGE_PROCESSOR_USABLE,
+    PYTHON_BLOCK,
+    load_recipe,
     needs_auto_image_processor,
     tiny_damcha_gpt2_config,
     tiny_damcha_llama_config,
     tiny_damcha_vit_config,
+    train_lora_adapter,
 )
 
 import damcha_hf
@@ -28,8 +30,6 @@ from damcha_hf import hub
 from damcha_hf.data import NUM_BYTES, byte_level_tokenizer, train_bpe_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
-
 # Runs each snippet file given on the command line in its own namespace; `damcha_hf` is made unimportable first when
 # asked, and the source checkout is taken off the path, so only an installed plugin or the checkpoint's code can load.
 SNIPPET_RUNNER = textwrap.dedent(
@@ -317,32 +317,6 @@ def test_auto_tokenizer_and_image_processor_load_quietly_without_the_plugin(prep
             assert loading.startswith(f' AutoTokenizer.from_pretrained("{folder}", subfolder="tokenizer")')
 
 
-def load_lora_recipe():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("snippets_finetune_lora", REPO_ROOT / "recipes" / "finetune_lora.py")
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
-    return recipe
-
-
-def train_lora_adapter(recipe, folder: Path, output_dir: str, *extra: str):
-    """A tiny stock GPT-2 in `folder/gpt2`, a corpus, and three LoRA steps on them into `output_dir`."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    tokenizer = byte_level_tokenizer()
-    base = folder / "gpt2"
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=32, n_embd=32, n_layer=1, n_head=4)
-    GPT2LMHeadModel(config).save_pretrained(base)
-    tokenizer.save_pretrained(base)
-    corpus = folder / "corpus.txt"
-    corpus.write_text("".join(f"line {index} of a small corpus for the adapter\n" for index in range(200)))
-    recipe.main(["--base", str(base), "--data", str(corpus), "--output-dir", output_dir, "--max-steps", "3",
-                 "--block-size", "32", "--batch-size", "4", "--metric-hidden-size", "8", "--learning-rate", "1e-2",
-                 "--max-eval-samples", "4", "--num-threads", "1", "--merge", *extra])  # fmt: skip
-    return tokenizer
-
-
 def assert_no_absolute_paths(folder: Path, *paths: Path) -> None:
     """No file of `folder` (config, card, tokenizer, weights) names any of `paths` or the home folder."""
     markers = {str(Path.home())} | {str(path.absolute()) for path in paths} | {str(path.resolve()) for path in paths}
@@ -363,7 +337,7 @@ def test_a_lora_adapter_reloads_with_plain_peft_without_the_plugin(tmp_path, mon
 
     from transformers import AutoModelForCausalLM
 
-    recipe = load_lora_recipe()
+    recipe = load_recipe("finetune_lora")
     monkeypatch.chdir(tmp_path)  # the user's folder: the run goes to ./run, as the recipe's relative default does
     tokenizer = train_lora_adapter(recipe, tmp_path, "run")
     run = tmp_path / "run"
@@ -405,7 +379,7 @@ def test_a_lora_adapter_outside_the_current_folder_names_its_base_without_absolu
     folder's absolute path; a local path as --base-model-id is refused while parsing."""
     import json
 
-    recipe = load_lora_recipe()
+    recipe = load_recipe("finetune_lora")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

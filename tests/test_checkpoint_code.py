@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from conftest import REPO_ROOT, denoiser, load_checkpoints_in_fresh_process
+from family_cases import CASES, first_output, trained_model
 from shipped_code import MODELING, expected_code, variant_module
-from test_families import CASES, first_output, trained_model
-from test_remote_code import REPO_ROOT, load_checkpoints_in_fresh_process
-from test_vit_denoiser import denoiser
 
 from damcha_hf.hub.push import upload_plan
 from damcha_hf.modeling.variants import CROSS_HEAD_VARIANTS, VARIANTS

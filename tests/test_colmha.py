@@ -28,9 +28,6 @@ HIDDEN, HEADS, HEAD_DIM = 32, 4, 8
 EXACT = {"rtol": 1e-10, "atol": 1e-10}
 
 
-tokens = tiny_token_ids
-
-
 def colmha_lm(**overrides) -> damcha_hf.DamchaGPT2LMHeadModel:
     return float64_variant_lm("colmha", **overrides)
 
@@ -139,7 +136,7 @@ def test_a_trained_layer_of_collaborative_structure_converts_exactly_at_its_rank
     model = damcha_hf.convert_to_damcha(stock, cross_head_variant="colmha", colmha_key_dim=8)
     assert all(block.attn.colmha_reparametrization_error < 1e-8 for block in model.transformer.h)
     with torch.no_grad():
-        torch.testing.assert_close(model(tokens()).logits, stock(tokens()).logits, rtol=1e-7, atol=1e-7)
+        torch.testing.assert_close(model(tiny_token_ids()).logits, stock(tiny_token_ids()).logits, rtol=1e-7, atol=1e-7)
 
 
 def test_generation_of_a_compressed_model_with_a_cache_equals_without():
@@ -147,7 +144,7 @@ def test_generation_of_a_compressed_model_with_a_cache_equals_without():
     full-width start in every family)."""
     model = colmha_lm(colmha_key_dim=12)
     randomize_cross_head(model, scale=0.5)
-    prompt = tokens(seq=5)
+    prompt = tiny_token_ids(seq=5)
     settings = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
     with torch.no_grad():
         cached = model.generate(prompt, attention_mask=torch.ones_like(prompt), use_cache=True, **settings)
@@ -176,4 +173,4 @@ def test_a_fresh_compressed_model_gives_each_shared_coordinate_to_one_head_even_
     assert torch.equal(mixing.mixing.sum(0), torch.ones(10, dtype=torch.float64))  # each coordinate: one head
     assert sorted(mixing.mixing.sum(1).tolist()) == [2.0, 2.0, 3.0, 3.0]  # the blocks differ by at most one
     with torch.no_grad():
-        assert model(tokens()).logits.isfinite().all()
+        assert model(tiny_token_ids()).logits.isfinite().all()

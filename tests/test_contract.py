@@ -11,11 +11,14 @@ import pytest
 import torch
 from conftest import (
     CACHE_ARGUMENT,
+    IGNORED_LAYER_ARGUMENTS,
     randomize_cross_head,
     tiny_bart_config,
     tiny_damcha_gpt2_config,
     tiny_damcha_llama_config,
     tiny_damcha_vit_config,
+    tiny_token_ids,
+    unread_keyword_arguments,
 )
 from tiny_decoders import STOCK_CONFIGS, tiny_damcha_config
 from torch._dynamo.utils import counters
@@ -38,10 +41,6 @@ CAUSAL_SETTINGS = [
     ("none", "token"),
 ]
 SETTING_IDS = [f"{variant}-{context}" if variant == "damcha" else variant for variant, context in CAUSAL_SETTINGS]
-
-
-def tokens(batch=2, seq=6, seed=0):
-    return torch.randint(1, 97, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
 def trained_lm(variant, context, **overrides) -> DamchaGPT2LMHeadModel:
@@ -96,31 +95,10 @@ def test_attention_layer_updates_the_self_attention_part_of_an_encoder_decoder_c
     assert cache.cross_attention_cache.get_seq_length(1) == 0
 
 
-def _unread_keyword_arguments(monkeypatch, attention_class) -> set[str]:
-    """Record the names that reach `**kwargs` of `attention_class.forward` (arguments it does not name)."""
-    forward = attention_class.forward
-    signature = inspect.signature(forward)
-    var_keyword = next(name for name, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD)
-    unread = set()
-
-    def recording_forward(self, *args, **kwargs):
-        unread.update(signature.bind(self, *args, **kwargs).arguments.get(var_keyword, {}))
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(attention_class, "forward", recording_forward)
-    return unread
-
-
-# Arguments transformers hands every layer that an attention layer has no use for (the attention functions ignore
-# them). Any other name reaching `**kwargs` is an argument transformers expects the layer to act on: the cache under
-# a new name was one (5.23 `past_key_values` vs 5.24 `cache`), so a new one must fail here before it fails a user.
-IGNORED_LAYER_ARGUMENTS = {"use_cache", "position_ids", "output_attentions", "output_hidden_states"}
-
-
 def test_gpt2_attention_receives_no_argument_it_does_not_name(monkeypatch):
-    unread = _unread_keyword_arguments(monkeypatch, modeling_damcha_gpt2.DamchaGPT2Attention)
+    unread = unread_keyword_arguments(monkeypatch, modeling_damcha_gpt2.DamchaGPT2Attention)
     model = trained_lm("damcha", "token")
-    prompt = tokens()
+    prompt = tiny_token_ids(seq=6, lowest=1)
     greedy(model, prompt, output_attentions=True, output_hidden_states=True)
     greedy(model, prompt, cache_implementation="static")
     model.train()
@@ -129,7 +107,7 @@ def test_gpt2_attention_receives_no_argument_it_does_not_name(monkeypatch):
 
 
 def test_vit_attention_receives_no_argument_it_does_not_name(monkeypatch):
-    unread = _unread_keyword_arguments(monkeypatch, modeling_damcha_vit.DamchaViTAttention)
+    unread = unread_keyword_arguments(monkeypatch, modeling_damcha_vit.DamchaViTAttention)
     model = DamchaViTModel(tiny_damcha_vit_config())
     model.set_attn_implementation("eager")
     mask = torch.ones(2, 50, dtype=torch.long)
@@ -138,10 +116,10 @@ def test_vit_attention_receives_no_argument_it_does_not_name(monkeypatch):
 
 
 def test_llama_attention_receives_no_argument_it_does_not_name(monkeypatch):
-    unread = _unread_keyword_arguments(monkeypatch, modeling_damcha_llama.DamchaLlamaAttention)
+    unread = unread_keyword_arguments(monkeypatch, modeling_damcha_llama.DamchaLlamaAttention)
     model = damcha_hf.DamchaLlamaForCausalLM(tiny_damcha_llama_config()).eval()
     randomize_cross_head(model)
-    prompt = tokens()
+    prompt = tiny_token_ids(seq=6, lowest=1)
     greedy(model, prompt, output_attentions=True, output_hidden_states=True)
     greedy(model, prompt, cache_implementation="static")
     model.train()
@@ -257,7 +235,7 @@ def test_incremental_logits_equal_the_full_forward(variant, context, cache_class
     # float64: the cached and the full forward sum in different orders; in float32 DCMHA's logits differed by 1.5e-4
     # on one x86-64 CPU and not on another, in float64 by 3e-15, while a cache that lost a step differs by 1e-2.
     model = trained_lm(variant, context).double()
-    ids = tokens(seq=11)
+    ids = tiny_token_ids(seq=11, lowest=1)
     if cache_class == "dynamic":
         cache = DynamicCache(config=model.config)
     else:
@@ -281,7 +259,7 @@ def test_cross_attention_gpt2_generates_with_its_cache():
     """`add_cross_attention=True`: DAMCHA self-attention updates the self-attention part of the EncoderDecoderCache,
     stock cross-attention the other part; cached generation equals uncached, step logits the full forward."""
     model = trained_lm("damcha", "token", add_cross_attention=True)
-    prompt = tokens()
+    prompt = tiny_token_ids(seq=6, lowest=1)
     encoder_states = torch.randn(2, 3, 32, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         cached = greedy(model, prompt, encoder_hidden_states=encoder_states)
@@ -323,7 +301,7 @@ def test_compiled_static_cache_generation_equals_dynamic_cache_generation(varian
     from transformers import CompileConfig
 
     model = trained_lm(variant, context)
-    prompt = tokens()
+    prompt = tiny_token_ids(seq=6, lowest=1)
     compile_config = CompileConfig(fullgraph=True, backend=backend, mode=None if backend == "eager" else "default")
     compile_config._compile_all_devices = True  # transformers compiles on GPUs only unless told otherwise
     torch._dynamo.reset()

@@ -11,7 +11,7 @@ import zlib
 
 import datasets
 import pytest
-from conftest import RECIPES_FOLDER, image_rows, load_recipe_module, word_documents, write_rows
+from conftest import RECIPES_FOLDER, image_rows, load_recipe, word_documents, write_rows
 
 from damcha_hf import data_sources
 from damcha_hf.data import BYTE_LEVEL_VOCAB_SIZE, byte_level_tokenizer, load_dataset_splits, stream_into_blocks
@@ -49,7 +49,7 @@ def data_files(tmp_path_factory, documents):
 
 def text_args(recipe: str, tmp_path, *flags):
     block = ["--block-size", "16"] if recipe in LANGUAGE_MODEL_RECIPES else []
-    return load_recipe_module(recipe).parse_args([*flags, *RUN_FLAGS, *block, "--output-dir", str(tmp_path / "run")])
+    return load_recipe(recipe).parse_args([*flags, *RUN_FLAGS, *block, "--output-dir", str(tmp_path / "run")])
 
 
 def corpus_of(recipe, tmp_path, *flags):
@@ -282,7 +282,7 @@ def test_an_image_folder_as_dataset_name(tmp_path):
 def test_bart_pairs_from_a_csv_with_run_summarization_column_flags(tmp_path):
     rows = [{"article": f"def f{index}(x)", "headline": f"Return {index}", "other": index} for index in range(20)]
     path = write_rows(tmp_path / "pairs.csv", rows)
-    recipe = load_recipe_module("train_bart")
+    recipe = load_recipe("train_bart")
     args = recipe.parse_args(["--train-file", path, "--text-column", "article", "--summary-column", "headline",
                               "--validation-split-percentage", "10", "--max-steps", "2", "--output-dir",
                               str(tmp_path / "run")])  # fmt: skip
@@ -296,7 +296,7 @@ def test_bart_pairs_from_a_csv_with_run_summarization_column_flags(tmp_path):
 
 
 def test_train_gpt2_two_steps_on_a_jsonl_file(tmp_path, data_files):
-    metrics = load_recipe_module("train_gpt2").main([
+    metrics = load_recipe("train_gpt2").main([
         "--train-file", data_files["jsonl"], "--text-column-name", "content", *RUN_FLAGS, "--block-size", "16", "--n-layer", "1",
         "--n-embd", "32", "--n-head", "4", "--output-dir", str(tmp_path / "run"),
     ])  # fmt: skip
@@ -306,7 +306,7 @@ def test_train_gpt2_two_steps_on_a_jsonl_file(tmp_path, data_files):
 
 
 def test_train_vit_two_steps_on_a_parquet_of_images(tmp_path, image_parquet):
-    metrics = load_recipe_module("train_vit").main([
+    metrics = load_recipe("train_vit").main([
         "--train-file", image_parquet, "--image-column-name", "img", "--label-column-name", "kind", "--image-size",
         "8", "--patch-size", "4", "--hidden-size", "16", "--num-layers", "1", "--num-heads", "2", "--max-steps", "2",
         "--batch-size", "4", "--num-threads", "1", "--output-dir", str(tmp_path / "run"),
@@ -352,7 +352,7 @@ def pretrained_gpt2(tmp_path_factory) -> str:
 
 
 def test_lora_takes_a_train_file_with_its_text_column(tmp_path, capsys, data_files, pretrained_gpt2):
-    recipe = load_recipe_module("finetune_lora")
+    recipe = load_recipe("finetune_lora")
     flags = ["--base", pretrained_gpt2, "--train-file", data_files["parquet"], "--max-steps", "2", "--batch-size", "2",
              "--block-size", "16", "--num-threads", "1", "--lora-rank", "2", "--metric-hidden-size", "8"]  # fmt: skip
     with pytest.raises(SystemExit):
@@ -367,7 +367,7 @@ def test_bart_two_steps_on_a_csv_of_pairs(tmp_path):
     rows = [{"article": f"def f{index}(x, y={index})", "headline": f"Return the sum of x and {index}"}
             for index in range(24)]  # fmt: skip
     path = write_rows(tmp_path / "pairs.csv", rows)
-    metrics = load_recipe_module("train_bart").main([
+    metrics = load_recipe("train_bart").main([
         "--train-file", path, "--text-column", "article", "--summary-column", "headline", "--max-steps", "2",
         "--batch-size", "4", "--d-model", "16", "--layers", "1", "--heads", "2", "--ffn-dim", "32",
         "--bpe-vocab-size", "300", "--metric-hidden-size", "4", "--num-threads", "1", "--output-dir",

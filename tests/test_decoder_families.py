@@ -16,9 +16,15 @@ import huggingface_hub
 import pytest
 import torch
 from attention_oracle import oracle_attention_heads, rotate
-from conftest import CACHE_ARGUMENT, randomize_cross_head
-from test_contract import IGNORED_LAYER_ARGUMENTS, _unread_keyword_arguments
-from test_recipes import corpus  # noqa: F401  (a fixture)
+from conftest import (
+    CACHE_ARGUMENT,
+    IGNORED_LAYER_ARGUMENTS,
+    FakeHub,
+    load_recipe,
+    randomize_cross_head,
+    tiny_token_ids,
+    unread_keyword_arguments,
+)
 from tiny_decoders import STOCK_CONFIGS, WINDOW, tiny_stock_config
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
@@ -53,10 +59,6 @@ def trained_lm(name, context="token", attn="eager", dtype=torch.float32, **overr
     model.set_attn_implementation(attn)
     randomize_cross_head(model)
     return model
-
-
-def tokens(batch=2, seq=9, seed=0):
-    return torch.randint(3, 97, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
 # --- each family's attention, written out by hand -----------------------------------------------------------------
@@ -140,7 +142,7 @@ def test_every_attention_layer_equals_the_naive_reference(name, attn, context):
     model = trained_lm(name, context, attn, dtype=torch.float64)
     records, handles = record_attention_layers(model)
     with torch.no_grad():
-        model(tokens())
+        model(tiny_token_ids(seq=9))
     for handle in handles:
         handle.remove()
     assert len(records) == model.config.num_hidden_layers
@@ -180,7 +182,7 @@ def test_the_attention_function_gets_the_stock_window_softcap_and_scale(name, re
     keyword arguments, which must reach the attention function exactly as the stock layer passes them."""
     stock = stock_lm(name)
     damcha = damcha_hf.convert_to_damcha(stock)
-    ids = tokens()
+    ids = tiny_token_ids(seq=9)
     for model in (stock, damcha):
         model.config._attn_implementation = "recording"
         with torch.no_grad():
@@ -197,9 +199,9 @@ def test_the_attention_function_gets_the_stock_window_softcap_and_scale(name, re
 @pytest.mark.parametrize("name", FAMILIES)
 def test_attention_receives_no_argument_it_does_not_name(name, monkeypatch):
     family = family_for_model_type(name)
-    unread = _unread_keyword_arguments(monkeypatch, family.task_head.model_class.damcha_attention_class)
+    unread = unread_keyword_arguments(monkeypatch, family.task_head.model_class.damcha_attention_class)
     model = trained_lm(name, attn=backends(name)[-1])
-    prompt = tokens(seq=6)
+    prompt = tiny_token_ids(seq=6)
     model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3, do_sample=False, pad_token_id=0,
                    output_attentions=True, output_hidden_states=True, return_dict_in_generate=True)  # fmt: skip
     model.train()
@@ -217,7 +219,7 @@ def test_keys_outside_the_window_get_no_weight(name, context):
     back; a global layer does (so the check sees the difference)."""
     model = trained_lm(name, context)
     with torch.no_grad():
-        attentions = model(tokens(), output_attentions=True).attentions
+        attentions = model(tiny_token_ids(seq=9), output_attentions=True).attentions
     seq = attentions[0].shape[-1]
     distance = torch.arange(seq)[:, None] - torch.arange(seq)[None, :]
     for layer, attention in enumerate(attentions):
@@ -234,7 +236,7 @@ def test_the_window_holds_with_the_cache(name, cache_implementation):
     """Decoding past the window with a cache gives each step the logits of one full forward pass, and those differ
     from the same model without a window: the cache keeps the window, mixed keys included."""
     model = trained_lm(name, attn=backends(name)[-1])
-    prompt = tokens(seq=3)
+    prompt = tiny_token_ids(seq=3)
     with torch.no_grad():
         generated = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10, do_sample=False,
                                    pad_token_id=0, output_logits=True, return_dict_in_generate=True,
@@ -257,7 +259,7 @@ def test_the_cache_keeps_the_grouped_query_size_and_the_metric_mixes_key_value_h
     assert (config.num_attention_heads, config.num_key_value_heads) == (4, 2)
     assert model.model.cross_head_metric.generators[0].fc_out.out_features == 2 * 2  # C is H_kv x H_kv
     with torch.no_grad():
-        cache = getattr(model(tokens(), use_cache=True), CACHE_ARGUMENT)
+        cache = getattr(model(tiny_token_ids(seq=9), use_cache=True), CACHE_ARGUMENT)
     keys = cache.layers[0].keys
     assert keys.shape[:2] == (2, 2) and keys.shape[-1] == head_dim_of(config)
 
@@ -320,7 +322,6 @@ def test_lora_targets_are_the_projections_of_every_layer(name):
 @pytest.mark.parametrize("name", [name if name == "phi3" else pytest.param(name, marks=pytest.mark.slow)
                                   for name in FAMILIES])  # fmt: skip
 def test_lora_recipe_upgrades_a_stock_checkpoint_folder_and_merges_exactly(name, tmp_path, corpus):  # noqa: F811
-    from test_recipes import load_recipe
     from transformers import AutoModelForCausalLM
 
     from damcha_hf.data import byte_level_tokenizer
@@ -353,8 +354,6 @@ def test_lora_recipe_upgrades_a_stock_checkpoint_folder_and_merges_exactly(name,
 
 
 def test_lora_recipe_takes_eager_attention_for_gemma2_and_refuses_sdpa(tmp_path, capsys):
-    from test_recipes import load_recipe
-
     folder = tmp_path / "gemma2"
     tiny_stock_config("gemma2").save_pretrained(folder)
     recipe = load_recipe("finetune_lora")
@@ -368,7 +367,7 @@ def test_a_stock_gemma2_on_sdpa_converts_to_eager_and_equals_the_stock_model_in_
     """Stock Gemma 2 ran SDPA by default before transformers 5.22 (dropping the soft-cap), which DAMCHA Gemma 2
     refuses: its conversion takes eager attention, and equals the stock model in eager, which soft-caps."""
     stock = stock_lm("gemma2").double()
-    ids = tokens()
+    ids = tiny_token_ids(seq=9)
     with torch.no_grad():
         expected = stock(ids).logits
         stock.config._attn_implementation = "sdpa"  # as the stock default set it before 5.22
@@ -384,8 +383,6 @@ def test_a_stock_gemma2_on_sdpa_converts_to_eager_and_equals_the_stock_model_in_
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_hub_checkpoint_card_push_and_inspect(name, tmp_path, monkeypatch, capsys):
-    from test_hub import FakeHub
-
     from damcha_hf.cli import main
     from damcha_hf.data import byte_level_tokenizer
     from damcha_hf.hub import push_checkpoint, save_hub_checkpoint
@@ -394,7 +391,7 @@ def test_hub_checkpoint_card_push_and_inspect(name, tmp_path, monkeypatch, capsy
     model = trained_lm(name, attn=backends(name)[-1], vocab_size=257, bos_token_id=256, eos_token_id=256,
                        pad_token_id=256)  # fmt: skip
     folder = save_hub_checkpoint(model, tmp_path / name, tokenizer_or_processor=byte_level_tokenizer(),
-                                 heatmap_inputs=tokens(batch=1, seq=8))  # fmt: skip
+                                 heatmap_inputs=tiny_token_ids(batch=1, seq=8))  # fmt: skip
     card = (folder / "README.md").read_text()
     task_class = family.task_head.model_class.__name__
     assert "pipeline_tag: text-generation" in card and f"- {name}" in card
@@ -428,7 +425,7 @@ def test_flex_attention_equals_eager(name):
     mask = torch.ones(2, 9, dtype=torch.long)
     mask[1, :2] = 0
     with torch.no_grad():
-        eager = model(tokens(), attention_mask=mask).logits
+        eager = model(tiny_token_ids(seq=9), attention_mask=mask).logits
         model.set_attn_implementation("flex_attention")
-        flex = model(tokens(), attention_mask=mask).logits
+        flex = model(tiny_token_ids(seq=9), attention_mask=mask).logits
     torch.testing.assert_close(flex[mask.bool()], eager[mask.bool()], rtol=1e-4, atol=1e-5)

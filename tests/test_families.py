@@ -20,80 +20,38 @@ import functools
 import json
 import re
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 import torch
 import transformers
 from conftest import (
-    TINY_VIT,
     disable_activation_checkpointing,
     enable_activation_checkpointing,
+    load_checkpoints_in_fresh_process,
+    load_recipe,
     randomize_cross_head,
-    tiny_bart_config,
     tiny_gpt2_config,
     tiny_llama_config,
 )
-from test_remote_code import load_checkpoints_in_fresh_process
-from tiny_decoders import tiny_stock_config
+from family_cases import (
+    CASES,
+    first_output,
+    mixes_score_maps,
+    stock_config_for,
+    text_inputs,
+    trained_model,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 import damcha_hf
 from damcha_hf.families import FAMILIES, family_for_model_type
+from damcha_hf.modeling.colmha import CollaborativeMixing
 from damcha_hf.modeling.cross_head_variant import ALL_BACKENDS
 from damcha_hf.modeling.damcha_config import CROSS_HEAD_VARIANTS, METRIC_FORMS
-from damcha_hf.modeling.damcha_family import DamchaFamily, DamchaHead
+from damcha_hf.modeling.damcha_family import DamchaHead
+from damcha_hf.modeling.moa import HeadRouter
 from damcha_hf.modeling.variants import VARIANTS, backends_of
 
-
-@dataclass(frozen=True)
-class FamilyCase:
-    family: DamchaFamily
-    stock_config: Callable[[], transformers.PretrainedConfig]  # a tiny config of the stock architecture
-    inputs: Callable[[], dict]  # a batch for any head of the family
-    contexts: tuple[str, ...]  # the metric contexts the family offers
-    # The attention backends the stock class runs, the last one the default here (stock Gemma 2 refuses SDPA, which
-    # cannot soft-cap the logits).
-    attn_implementations: tuple[str, ...] = ("eager", "sdpa")
-
-
-def text_inputs() -> dict:
-    return {"input_ids": torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(0))}
-
-
-def source_inputs() -> dict:
-    """Sources ending in </s>, as BART's sequence classifier needs."""
-    inputs = text_inputs()
-    inputs["input_ids"][:, -1] = 2
-    return inputs
-
-
-def image_inputs() -> dict:
-    shape = (2, TINY_VIT["num_channels"], TINY_VIT["image_size"], TINY_VIT["image_size"])
-    return {"pixel_values": torch.randn(shape, generator=torch.Generator().manual_seed(0))}
-
-
-CASES = {
-    "gpt2": FamilyCase(damcha_hf.families.GPT2_FAMILY, lambda: tiny_gpt2_config(num_labels=3), text_inputs,
-                       ("token", "query")),
-    "llama": FamilyCase(damcha_hf.families.LLAMA_FAMILY, lambda: tiny_llama_config(num_labels=3), text_inputs,
-                        ("token", "query")),
-    "vit": FamilyCase(damcha_hf.families.VIT_FAMILY, lambda: transformers.ViTConfig(**TINY_VIT), image_inputs,
-                      ("sequence", "token", "query")),
-    "bart": FamilyCase(damcha_hf.families.BART_FAMILY, lambda: tiny_bart_config(num_labels=3), source_inputs,
-                       ("token", "query")),
-    "mistral": FamilyCase(damcha_hf.families.MISTRAL_FAMILY, lambda: tiny_stock_config("mistral", num_labels=3),
-                          text_inputs, ("token", "query")),
-    "qwen2": FamilyCase(damcha_hf.families.QWEN2_FAMILY, lambda: tiny_stock_config("qwen2", num_labels=3),
-                        text_inputs, ("token", "query")),
-    "qwen3": FamilyCase(damcha_hf.families.QWEN3_FAMILY, lambda: tiny_stock_config("qwen3", num_labels=3),
-                        text_inputs, ("token", "query")),
-    "phi3": FamilyCase(damcha_hf.families.PHI3_FAMILY, lambda: tiny_stock_config("phi3", num_labels=3),
-                       text_inputs, ("token", "query")),
-    "gemma2": FamilyCase(damcha_hf.families.GEMMA2_FAMILY, lambda: tiny_stock_config("gemma2", num_labels=3),
-                         text_inputs, ("token", "query"), attn_implementations=("eager",)),
-}  # fmt: skip
 HEADS = [(name, head) for name, case in CASES.items() for head in case.family.heads]
 HEAD_BACKENDS = [(name, head, attn) for name, head in HEADS for attn in CASES[name].attn_implementations]
 CONTEXTS = [(name, context) for name, case in CASES.items() for context in case.contexts]
@@ -103,12 +61,6 @@ SDPA_CONTEXTS = [(name, context) for name, context in CONTEXTS if "sdpa" in CASE
 def is_decoder_only(name: str) -> bool:
     """A causal family without an encoder: its generation is checked here, an encoder-decoder's in test_bart.py."""
     return CASES[name].family.causal and not CASES[name].family.encoder_decoder
-
-
-def mixes_score_maps(variant: str, form: str) -> bool:
-    """Talking-heads, DCMHA and DAMCHA's "scores" form mix the n x n score maps: eager attention only (their variants
-    declare no other backend), with their own softmax."""
-    return backends_of(variant, metric_form=form) == ("eager",)
 
 
 def family_settings(name: str) -> list[tuple[str, str, str]]:
@@ -176,10 +128,6 @@ GENERATED_LOGITS = {"rtol": 2 * torch.finfo(torch.float32).eps, "atol": 1e-6}
 def in_float64(inputs: dict) -> dict:
     """The batch with its floating-point tensors (pixels) in float64, for a model run in float64."""
     return {key: value.double() if value.is_floating_point() else value for key, value in inputs.items()}
-
-
-def first_output(outputs) -> torch.Tensor:
-    return outputs.logits if getattr(outputs, "logits", None) is not None else outputs[0]
 
 
 def hidden_states_of(outputs) -> tuple[torch.Tensor, ...]:
@@ -252,37 +200,8 @@ def pads_on_the_left_in_float64(name: str, attn: str) -> bool:
         return not stock(ids, attention_mask=left_padded(ids)).logits.isnan().any()
 
 
-def stock_config_for(name: str, variant: str) -> transformers.PretrainedConfig:
-    """The family's tiny stock config; multi-head (as many key/value heads as query heads) for the variants that mix
-    the score maps of all query heads, which grouped-query families offer for multi-head attention only."""
-    config = CASES[name].stock_config()
-    if not VARIANTS[variant].grouped_query and hasattr(config, "num_key_value_heads"):
-        config.num_key_value_heads = config.num_attention_heads
-    return config
-
-
 def has_cross_head_parameters(model) -> bool:
     return any("cross_head_" in key for key, _ in model.named_parameters())
-
-
-def trained_model(name: str, head: DamchaHead | None = None, attn: str | None = None, dtype=torch.float64,
-                  **options):  # fmt: skip
-    """A DAMCHA model of the family's task head (or `head`), converted from a random stock model, with its cross-head
-    parameters moved off their MHA start (as after training), in `dtype`. `attn` defaults to the family's default
-    backend here, or eager where the variant mixes the score maps (the only backend that runs them)."""
-    case = CASES[name]
-    variant = options.get("cross_head_variant", "damcha")
-    head = head or case.family.task_head
-    stock = head.stock_class(stock_config_for(name, variant)).eval()
-    with warnings.catch_warnings():  # MoA's sparse start is not the stock model's: expected, the parameters move anyway
-        warnings.filterwarnings("ignore", "convert_to_damcha: with `moa_top_k")
-        model = damcha_hf.convert_to_damcha(stock, **options).eval()
-    if not mixes_score_maps(variant, options.get("metric_form", METRIC_FORMS[0])):
-        model.set_attn_implementation(attn or case.attn_implementations[-1])
-    elif attn not in (None, "eager"):
-        raise ValueError(f"{variant} runs in eager attention only, not {attn!r}")
-    randomize_cross_head(model)
-    return model.to(dtype)
 
 
 def setting_options(variant: str, form: str, context: str) -> dict:
@@ -742,6 +661,14 @@ def test_save_and_load_through_the_auto_class_round_trips_exactly(name, head, va
     loader = getattr(transformers, head.auto_class) if head.auto_class else head.model_class
     loaded = loader.from_pretrained(tmp_path).eval()
     assert type(loaded) is head.model_class
+    # What the variant's options make of the model is what comes back: ColMHA compressed (its query and key maps
+    # narrower than all heads' width), MoA sparse (each router keeping fewer heads than there are).
+    if variant == "colmha":
+        maps = [module.query_compression for module in loaded.modules() if isinstance(module, CollaborativeMixing)]
+        assert maps and all(m is not None and m.shape[1] == options["colmha_key_dim"] < m.shape[0] for m in maps)
+    if variant == "moa":
+        routers = [module for module in loaded.modules() if isinstance(module, HeadRouter)]
+        assert routers and all(router.top_k == options["moa_top_k"] < router.num_heads for router in routers)
     # Every config field comes back, except where the config was loaded from.
     assert {**loaded.config.to_dict(), "_name_or_path": ""} == {**model.config.to_dict(), "_name_or_path": ""}
     assert loaded.state_dict().keys() == model.state_dict().keys()
@@ -949,8 +876,6 @@ def unsupported_models():
 
 
 def test_an_unsupported_model_gets_one_line_naming_the_supported_families(tmp_path, capsys):
-    from test_recipes import load_recipe
-
     supported = [f"{family.display_name} ({family.model_type})" for family in FAMILIES]
     for model in unsupported_models():
         with pytest.raises(TypeError) as error:

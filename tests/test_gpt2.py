@@ -2,12 +2,10 @@
 training steps, its config checks and presets. What every family must do (conversion, cache, padding, save/load,
 remote code) is in test_families.py."""
 
-import math
-
 import pytest
 import torch
-from attention_oracle import oracle_cross_head
-from conftest import randomize_cross_head, tiny_damcha_gpt2_config
+from attention_oracle import oracle_gpt2_attention_layer
+from conftest import randomize_cross_head, tiny_damcha_gpt2_config, tiny_token_ids
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import damcha_hf
@@ -17,10 +15,6 @@ from damcha_hf import (
 )
 
 CAUSAL_CONTEXTS = ["token", "query"]
-
-
-def tokens(batch=2, seq=12, seed=0):
-    return torch.randint(1, 97, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
 def damcha_lm(context="token", attn="sdpa", randomize=True, **overrides):
@@ -35,28 +29,6 @@ def damcha_lm(context="token", attn="sdpa", randomize=True, **overrides):
 # --- the attention layer against the oracle -------------------------------------------------------------------
 
 
-def oracle_attention(attention, cross_head_metric, x, context, mask):
-    """One GPT-2 attention layer written out by hand: every head pair, weighted by C computed from the weights."""
-    batch, seq, hidden = x.shape
-    heads = attention.num_heads
-    head_dim = hidden // heads
-    qkv = x @ attention.c_attn.weight + attention.c_attn.bias
-    q, k, v = (t.reshape(batch, seq, heads, head_dim) for t in qkv.split(hidden, dim=-1))
-    cross_head = oracle_cross_head(cross_head_metric, x, heads, heads, mask)
-    out = torch.zeros(batch, seq, heads, head_dim, dtype=x.dtype)
-    for b in range(batch):
-        for i in range(heads):
-            scores = torch.full((seq, seq), float("-inf"), dtype=x.dtype)
-            for t in range(seq):
-                for s in range(t + 1):  # causal
-                    weights_at = t if context == "query" else s
-                    scores[t, s] = sum(
-                        cross_head[b, weights_at, i, j] * (q[b, t, i] @ k[b, s, j]) for j in range(heads)
-                    )
-            out[b, :, i] = torch.softmax(scores / math.sqrt(head_dim), dim=-1) @ v[b, :, i]
-    return out.reshape(batch, seq, hidden) @ attention.c_proj.weight + attention.c_proj.bias
-
-
 @pytest.mark.parametrize("context", CAUSAL_CONTEXTS)
 @pytest.mark.parametrize("mask", ["full", "diagonal", "offdiagonal"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -67,7 +39,7 @@ def test_attention_layer_matches_head_pair_oracle(context, mask, attn):
     causal_mask = torch.full((7, 7), torch.finfo(torch.float32).min).triu(1)[None, None]
     with torch.no_grad():
         out, _ = attention(x, attention_mask=causal_mask, cross_head_metric=model.transformer.cross_head_metric)
-        expected = oracle_attention(attention, model.transformer.cross_head_metric, x, context, mask)
+        expected = oracle_gpt2_attention_layer(attention, model.transformer.cross_head_metric, x, context, mask)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -83,7 +55,7 @@ def test_generator_with_its_own_input_norm_matches_the_oracle(context, attn):
     causal_mask = torch.full((7, 7), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)[None, None]
     with torch.no_grad():
         out, _ = attention(x, attention_mask=causal_mask, cross_head_metric=metric)
-        expected = oracle_attention(attention, metric, x, context, "full")
+        expected = oracle_gpt2_attention_layer(attention, metric, x, context, "full")
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
 
 
@@ -92,7 +64,7 @@ def test_generator_input_norm_starts_as_the_identity_and_converts_exactly(tmp_pa
     converted = damcha_hf.convert_to_damcha(stock, metric_input_norm="layernorm").eval()
     norm = converted.transformer.cross_head_metric.generators[0].input_norm
     assert torch.equal(norm.weight, torch.ones(32, dtype=torch.float64)) and not norm.bias.any()
-    ids = tokens()
+    ids = tiny_token_ids(seq=12, lowest=1)
     with torch.no_grad():
         torch.testing.assert_close(converted(ids).logits, stock(ids).logits, rtol=1e-12, atol=1e-12)
     randomize_cross_head(converted)
@@ -128,7 +100,7 @@ def test_one_step_moves_the_generator_and_gradients_reach_it():
     model = damcha_lm("token", randomize=False).train()
     generator = model.transformer.cross_head_metric.generators[0]
     assert generator.fc_out.weight.abs().max() == 0
-    ids = tokens(batch=4, seq=16)
+    ids = tiny_token_ids(batch=4, seq=16, lowest=1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loss = model(ids, labels=ids).loss
     loss.backward()
@@ -143,7 +115,7 @@ def test_one_step_moves_the_generator_and_gradients_reach_it():
 
 def test_bf16_autocast_runs():
     model = damcha_lm("token").train()
-    ids = tokens()
+    ids = tiny_token_ids(seq=12, lowest=1)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model(ids, labels=ids).loss
     loss.backward()
@@ -163,7 +135,7 @@ def test_sequence_context_is_refused_for_causal_models():
 
 def test_metric_mask_applies_at_inference_to_a_trained_model():
     model = damcha_lm("token")
-    ids = tokens()
+    ids = tiny_token_ids(seq=12, lowest=1)
     with torch.no_grad():
         full = model(ids).logits
         model.config.metric_mask = "diagonal"
@@ -196,7 +168,7 @@ def test_query_context_refuses_backends_that_cannot_run_it():
     model = damcha_lm("query")
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="attn_implementation"):
-        model(tokens())
+        model(tiny_token_ids(seq=12, lowest=1))
 
 
 @pytest.mark.parametrize(

@@ -4,18 +4,26 @@ import json
 import math
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import huggingface_hub
 import pytest
 import torch
 import yaml
 from attention_oracle import oracle_cross_head
-from conftest import randomize_cross_head, tiny_damcha_gpt2_config
-from huggingface_hub import HfApi, ModelCard
+from conftest import (
+    PYTHON_BLOCK,
+    TINY_GPT2_ARGS,
+    FakeHub,
+    load_in_fresh_process,
+    load_recipe,
+    randomize_cross_head,
+    tiny_damcha_gpt2_config,
+    tiny_damcha_vit_config,
+    train_lora_adapter,
+)
+from huggingface_hub import ModelCard
 from PIL import Image
 from shipped_code import expected_code
-from test_remote_code import load_in_fresh_process
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -354,57 +362,9 @@ def test_the_tokenizer_subfolder_is_the_saves_own_and_is_pushed(tmp_path):
 # ------------------------------------------------------------------------------------------------------------- push
 
 
-class FakeHub:
-    """Stands in for the Hub behind `HfApi`: records every call, writes committed files into a local folder."""
-
-    USER = "token-owner"
-
-    def __init__(self, root: Path):
-        self.root, self.calls = root, []
-
-    def install(self, monkeypatch):
-        hub_ = self
-
-        def create_repo(self, repo_id, *, private=False, exist_ok=False, repo_type=None, **kwargs):
-            hub_.calls.append(("create_repo", repo_id, {"private": private, "exist_ok": exist_ok, "token": self.token}))
-            # As the Hub does, a bare name is created in the token owner's namespace and returned in full.
-            return SimpleNamespace(repo_id=repo_id if "/" in repo_id else f"{FakeHub.USER}/{repo_id}")
-
-        def create_branch(self, repo_id, *, branch, exist_ok=False, repo_type=None, **kwargs):
-            hub_.calls.append(("create_branch", repo_id, {"branch": branch}))
-
-        def create_commit(self, repo_id, operations, *, commit_message, revision=None, repo_type=None, **kwargs):
-            hub_.calls.append(
-                ("create_commit", repo_id, {"revision": revision, "files": sorted(o.path_in_repo for o in operations)})
-            )
-            for operation in operations:
-                target = hub_.root / repo_id / (revision or "main") / operation.path_in_repo
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with operation.as_file() as handle:
-                    target.write_bytes(handle.read())
-            return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/fake")
-
-        def refuse(self, *args, **kwargs):
-            raise AssertionError("an unexpected HfApi call")
-
-        for name in ("upload_folder", "upload_file", "repo_info", "list_repo_files", "preupload_lfs_files", "whoami"):
-            monkeypatch.setattr(HfApi, name, refuse)
-        monkeypatch.setattr(HfApi, "create_repo", create_repo)
-        monkeypatch.setattr(HfApi, "create_branch", create_branch)
-        monkeypatch.setattr(HfApi, "create_commit", create_commit)
-        return self
-
-
 @pytest.fixture
 def fake_hub(tmp_path, monkeypatch):
     return FakeHub(tmp_path / "fake_hub").install(monkeypatch)
-
-
-@pytest.fixture
-def online(monkeypatch):
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.setenv(name, "0")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
 
 
 def trainer_output_dir(tmp_path: Path, model) -> Path:
@@ -606,7 +566,6 @@ def test_heatmap_panels_equal_layers_for_wider_stacks(tmp_path):
 
 def test_push_completes_the_auto_map_of_a_plain_save(tmp_path, fake_hub, online):
     """A checkpoint saved by plain `save_pretrained` of one head is pushed with every Auto class of its family."""
-    from test_vit import tiny_damcha_vit_config
 
     folder = tmp_path / "vit"
     damcha_hf.DamchaViTForImageClassification(tiny_damcha_vit_config()).save_pretrained(folder)
@@ -625,8 +584,6 @@ def test_push_completes_the_auto_map_of_a_plain_save(tmp_path, fake_hub, online)
 
 
 def test_inspect_a_vit_checkpoint_on_an_image_folder(tmp_path, capsys):
-    from test_vit import tiny_damcha_vit_config
-
     folder = tmp_path / "vit"
     model = damcha_hf.DamchaViTForImageClassification(tiny_damcha_vit_config(num_hidden_layers=3))
     randomize_cross_head(model)
@@ -697,8 +654,6 @@ def test_push_of_a_lora_adapter_uploads_its_files_and_refuses_a_local_base(tmp_p
 
 
 def test_lora_recipe_push_needs_the_base_hub_id_before_training(tmp_path, capsys, online):
-    from test_recipes import load_recipe
-
     finetune_lora = load_recipe("finetune_lora")
     base = tmp_path / "base"
     tiny_lm().save_pretrained(base)
@@ -711,11 +666,10 @@ def test_lora_recipe_push_names_the_pushed_repositories_in_the_adapter_card(tmp_
     """`finetune_lora.py --push-to-hub` pushes the base to --base-model-id, then the adapter; the pushed adapter card
     loads the adapter by its repository as created (a bare --hub-model-id lands in the token owner's namespace), not
     by a placeholder path, and its base by --base-model-id."""
-    from test_card_snippets import PYTHON_BLOCK, load_lora_recipe, train_lora_adapter
 
     monkeypatch.setenv("HF_TOKEN", "hf_fake")
     monkeypatch.chdir(tmp_path)
-    recipe = load_lora_recipe()
+    recipe = load_recipe("finetune_lora")
     train_lora_adapter(recipe, tmp_path, "run", "--push-to-hub", "--base-model-id", "someone/damcha-base",
                        "--hub-model-id", "my-adapter")  # fmt: skip
     commits = [call[1] for call in fake_hub.calls if call[0] == "create_commit"]
@@ -735,7 +689,6 @@ def test_recipe_push_to_hub_goes_through_the_safe_push(tmp_path, fake_hub, onlin
     """`train_gpt2.py --push-to-hub` uploads the final model through `push_checkpoint` (its Hub files only, never the
     Trainer's checkpoints or state), to --hub-model-id or the --output-dir name; the card's loading snippets name the
     repository in full (a bare name is created in the token owner's namespace); a bad id fails while parsing."""
-    from test_recipes import TINY_GPT2_ARGS, load_recipe
 
     recipe = load_recipe("train_gpt2")
     corpus = tmp_path / "corpus.txt"

@@ -16,6 +16,7 @@ from attention_oracle import oracle_cross_head
 from conftest import (
     TINY_BART,
     TINY_VIT,
+    load_recipe,
     randomize_cross_head,
     tiny_damcha_gpt2_config,
     tiny_damcha_llama_config,
@@ -276,16 +277,6 @@ def validation_count(documents: int) -> int:
     from damcha_hf.data import validation_document_count
 
     return validation_document_count(documents, 0.05)
-
-
-def load_recipe(name: str):
-    import importlib.util
-
-    sys.path.insert(0, str(RECIPES))
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", RECIPES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_train_diffusion_refuses_a_feature_classifier_that_is_no_vit_classifier(tmp_path):

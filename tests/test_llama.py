@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-from attention_oracle import oracle_attention_heads, oracle_cross_head, rotate
-from conftest import CACHE_ARGUMENT, randomize_cross_head, tiny_damcha_llama_config, tiny_llama_config
+from attention_oracle import oracle_cross_head, oracle_llama_attention_layer
+from conftest import CACHE_ARGUMENT, randomize_cross_head, tiny_damcha_llama_config, tiny_llama_config, tiny_token_ids
 from transformers import (
     LlamaForCausalLM,
 )
@@ -25,10 +25,6 @@ KV_HEADS = [8, 2]  # multi-head (8 query heads, 8 key/value heads) and grouped-q
 MULTI_HEAD = [8]
 
 
-def tokens(batch=2, seq=12, seed=0):
-    return torch.randint(3, 97, (batch, seq), generator=torch.Generator().manual_seed(seed))
-
-
 def damcha_lm(context="token", attn="sdpa", kv_heads=2, randomize=True, **overrides):
     config = tiny_damcha_llama_config(metric_context=context, num_key_value_heads=kv_heads, **overrides)
     model = DamchaLlamaForCausalLM(config).eval()
@@ -39,19 +35,6 @@ def damcha_lm(context="token", attn="sdpa", kv_heads=2, randomize=True, **overri
 
 
 # --- the attention layer against a head-pair oracle ----------------------------------------------------------
-
-
-def oracle_attention(attention, metric, x, positions, context, mask, base):
-    """One Llama attention layer by hand: RoPE'd heads, every (query head, key head) pair weighted by C, causal."""
-    batch, seq, _ = x.shape
-    heads, kv_heads, head_dim = attention.config.num_attention_heads, attention.config.num_key_value_heads, 8
-    q = (x @ attention.q_proj.weight.T).reshape(batch, seq, heads, head_dim)
-    k = (x @ attention.k_proj.weight.T).reshape(batch, seq, kv_heads, head_dim)
-    v = (x @ attention.v_proj.weight.T).reshape(batch, seq, kv_heads, head_dim)
-    q = torch.stack([rotate(q[:, t], positions[t], base) for t in range(seq)], dim=1)
-    k = torch.stack([rotate(k[:, t], positions[t], base) for t in range(seq)], dim=1)
-    out = oracle_attention_heads(q, k, v, x, metric, context, scaling=head_dim**-0.5, mask=mask)
-    return out.reshape(batch, seq, heads * head_dim) @ attention.o_proj.weight.T
 
 
 @pytest.mark.parametrize("kv_heads", KV_HEADS)
@@ -71,7 +54,7 @@ def test_attention_layer_matches_head_pair_oracle(kv_heads, context, mask, attn)
     with torch.no_grad():
         out, _ = attention(x, position_embeddings=cos_sin, attention_mask=causal_mask, cross_head_metric=metric)
         base = model.config.rope_parameters["rope_theta"]
-        expected = oracle_attention(attention, metric, x, positions, context, mask, base)
+        expected = oracle_llama_attention_layer(attention, metric, x, positions, context, mask, base)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -116,7 +99,7 @@ def test_converted_lm_equals_stock_llama(kv_heads, context, attn):
     damcha = damcha_hf.convert_to_damcha(stock, metric_context=context)
     assert isinstance(damcha, DamchaLlamaForCausalLM) and damcha.config._attn_implementation == attn
     assert damcha.config.num_key_value_heads == kv_heads
-    ids = tokens()
+    ids = tiny_token_ids(seq=12)
     with torch.no_grad():
         torch.testing.assert_close(damcha(ids).logits, stock(ids).logits, rtol=0, atol=1e-5)
 
@@ -126,7 +109,9 @@ def test_tied_embeddings_stay_tied():
     damcha = damcha_hf.convert_to_damcha(stock)
     assert damcha.lm_head.weight.data_ptr() == damcha.model.embed_tokens.weight.data_ptr()
     with torch.no_grad():
-        torch.testing.assert_close(damcha(tokens()).logits, stock(tokens()).logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            damcha(tiny_token_ids(seq=12)).logits, stock(tiny_token_ids(seq=12)).logits, rtol=0, atol=1e-5
+        )
 
 
 def test_the_plain_variant_converts_from_multi_head_llama():
@@ -135,7 +120,9 @@ def test_the_plain_variant_converts_from_multi_head_llama():
     damcha = damcha_hf.convert_to_damcha(stock, cross_head_variant="none")
     assert damcha.model.cross_head_metric is None
     with torch.no_grad():
-        torch.testing.assert_close(damcha(tokens()).logits, stock(tokens()).logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            damcha(tiny_token_ids(seq=12)).logits, stock(tiny_token_ids(seq=12)).logits, rtol=0, atol=1e-5
+        )
 
 
 # --- inference paths of multi-head Llama, the grouped-query cache ----------------------------------------------
@@ -147,7 +134,7 @@ def test_eager_equals_sdpa(kv_heads, context):
     eager = damcha_lm(context, "eager", kv_heads=kv_heads)
     sdpa = damcha_lm(context, "sdpa", kv_heads=kv_heads)
     sdpa.load_state_dict(eager.state_dict())
-    ids = tokens()
+    ids = tiny_token_ids(seq=12)
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
     with torch.no_grad():
@@ -175,7 +162,7 @@ def generate(model, prompt, **settings):
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_generate_with_cache_equals_full_forward(kv_heads, context, attn):
     model = damcha_lm(context, attn, kv_heads=kv_heads)  # a non-zero ("trained") generator
-    prompt = tokens(batch=2, seq=5)
+    prompt = tiny_token_ids(batch=2, seq=5)
     cached = generate(model, prompt, use_cache=True)
     uncached = generate(model, prompt, use_cache=False)
     assert torch.equal(cached.sequences, uncached.sequences)
@@ -189,7 +176,7 @@ def test_generate_with_cache_equals_full_forward(kv_heads, context, attn):
 def test_cache_keeps_the_grouped_query_size(context):
     model = damcha_lm(context, kv_heads=2)
     with torch.no_grad():
-        cache = getattr(model(tokens(seq=9), use_cache=True), CACHE_ARGUMENT)
+        cache = getattr(model(tiny_token_ids(seq=9), use_cache=True), CACHE_ARGUMENT)
     # (batch, H_kv, seq, d_h): the GQA size (mixed keys for "token", the plain keys for "query")
     assert cache.layers[0].keys.shape == (2, 2, 9, 8) == cache.layers[0].values.shape
 
@@ -242,7 +229,7 @@ def test_metric_map_of_a_grouped_query_model(context, shape, tmp_path):
     from damcha_hf.metric_map import compute_metric_map, write_metric_map
 
     model = damcha_lm(context, kv_heads=2)
-    ids = tokens(batch=1, seq=10)
+    ids = tiny_token_ids(batch=1, seq=10)
     metric_map = compute_metric_map(model, {"input_ids": ids})
     assert metric_map.matrices.shape == (2, *shape) and metric_map.tokens_seen == [10, 10]
     # naive: the generator on each layer's normalised attention input, averaged over tokens
@@ -265,7 +252,7 @@ def test_hub_checkpoint_and_card_of_a_llama_model(tmp_path):
 
     model = damcha_lm("token", kv_heads=2)
     folder = save_hub_checkpoint(model, tmp_path / "llama", tokenizer_or_processor=byte_level_tokenizer(),
-                                 heatmap_inputs=tokens(batch=1, seq=8))  # fmt: skip
+                                 heatmap_inputs=tiny_token_ids(batch=1, seq=8))  # fmt: skip
     card = (folder / "README.md").read_text()
     assert "pipeline_tag: text-generation" in card and "- llama" in card
     assert "A Llama model (DamchaLlamaForCausalLM)" in card and "AutoTokenizer" in card

@@ -4,13 +4,12 @@ Oracles: a naive loop over every head pair (i, j) with `C` written out from the 
 transformers model (a fresh or converted model is exact MHA); generation without a cache.
 """
 
-import math
-
 import pytest
 import torch
-from attention_oracle import oracle_cross_head
+from attention_oracle import oracle_scores_form_attention
 from conftest import (
     CACHE_ARGUMENT,
+    load_in_fresh_process,
     randomize_cross_head,
     tiny_damcha_gpt2_config,
     tiny_damcha_llama_config,
@@ -24,32 +23,6 @@ from damcha_hf.modeling.metric import CrossHeadMetric, MetricScoreMixing
 from damcha_hf.modeling.score_mixing import score_mixing_attention
 
 BATCH, SEQ, HIDDEN, HEADS, HEAD_DIM = 2, 6, 24, 4, 5
-
-
-def oracle_attention(query, key, value, hidden_states, metric, context, mask, causal, token_mask=None):
-    """Every head pair in a loop: S_i[t, s] = sum_j C_ij(z) q_j[t] . k_g(j)[s] / sqrt(d_h), masked, softmax, P_i v_i."""
-    heads, kv_heads = query.shape[1], key.shape[1]
-    group = heads // kv_heads
-    if context == "sequence":
-        weights = torch.ones(hidden_states.shape[:2]) if token_mask is None else token_mask.float()
-        mean = (hidden_states * weights[..., None]).sum(1) / weights.sum(1, keepdim=True)
-        cross_head = oracle_cross_head(metric, mean, heads, heads, mask)[:, None, None]  # (b, 1, 1, H, H)
-    else:
-        per_token = oracle_cross_head(metric, hidden_states, heads, heads, mask)  # (b, n, H, H)
-        cross_head = per_token[:, :, None] if context == "query" else per_token[:, None, :]  # (b, t|1, s|1, H, H)
-    seq = query.shape[2]
-    outputs = torch.zeros(BATCH, heads, seq, value.shape[-1])
-    for i in range(heads):
-        scores = torch.zeros(BATCH, seq, seq)
-        for j in range(heads):
-            pair = query[:, j] @ key[:, j // group].transpose(-1, -2) / math.sqrt(query.shape[-1])
-            scores = scores + cross_head[..., i, j] * pair
-        if causal:
-            scores = scores.masked_fill(torch.ones(seq, seq).triu(1).bool(), float("-inf"))
-        if token_mask is not None:
-            scores = scores.masked_fill(~token_mask[:, None, :], float("-inf"))
-        outputs[:, i] = scores.softmax(-1) @ value[:, i // group]
-    return outputs
 
 
 class _Layer(torch.nn.Module):
@@ -83,7 +56,7 @@ def test_scores_form_matches_the_head_pair_oracle(context, mask, kv_heads):
         _Layer().eval(), query, key, value, attention_mask, mixing=mixing, query_weights=query_weights,
         key_weights=key_weights, scaling=HEAD_DIM**-0.5,
     )  # fmt: skip
-    expected = oracle_attention(query, key, value, hidden_states, metric, context, mask, causal, token_mask)
+    expected = oracle_scores_form_attention(query, key, value, hidden_states, metric, context, mask, causal, token_mask)
     real = slice(None) if token_mask is None else token_mask[:, None, :, None].expand_as(expected)
     torch.testing.assert_close(output.transpose(1, 2)[real], expected[real], rtol=1e-4, atol=1e-5)
 
@@ -143,8 +116,6 @@ def test_scores_form_refuses_fused_backends_and_allows_multi_query_llama():
 
 
 def test_scores_form_checkpoint_loads_as_remote_code_without_the_plugin(tmp_path):
-    from test_remote_code import load_in_fresh_process
-
     model = damcha_hf.DamchaLlamaForCausalLM(tiny_damcha_llama_config(metric_form="scores", metric_context="query"))
     randomize_cross_head(model)
     model.eval().save_pretrained(tmp_path / "checkpoint")

@@ -31,9 +31,6 @@ HIDDEN, HEADS, HEAD_DIM = 32, 4, 8
 EXACT = {"rtol": 1e-10, "atol": 1e-10}
 
 
-tokens = tiny_token_ids
-
-
 def moa_lm(**overrides) -> damcha_hf.DamchaGPT2LMHeadModel:
     return float64_variant_lm("moa", **overrides)
 
@@ -126,7 +123,7 @@ def test_the_paper_layout_one_shared_key_value_head_gates_the_stock_heads():
 
 def test_every_head_kept_starts_as_multi_head_attention_and_half_of_them_does_not():
     stock = GPT2LMHeadModel(tiny_gpt2_config()).double().eval()
-    ids = tokens()
+    ids = tiny_token_ids()
     with torch.no_grad():
         expected = stock(ids).logits
         all_heads = damcha_hf.convert_to_damcha(stock, cross_head_variant="moa", moa_top_k=HEADS)
@@ -152,7 +149,7 @@ def naive_router_loss(router, x: torch.Tensor, balance_coef: float, z_coef: floa
 def test_the_output_reports_the_router_loss_and_adds_it_to_the_loss():
     model = moa_lm(moa_balance_loss_coef=0.3, moa_z_loss_coef=0.02)
     randomize_cross_head(model, scale=0.5)
-    ids = tokens()
+    ids = tiny_token_ids()
     inputs = {}
     hooks = [
         block.attn.register_forward_pre_hook(
@@ -185,7 +182,7 @@ def test_a_balanced_router_has_balance_loss_one_and_the_loss_trains_the_router()
     """At the zero start every head has probability 1/E, so `E sum_i f_i P_i = 1` whatever the selection, and the
     z-loss is `log(E)^2`; the auxiliary loss alone gives the router a gradient."""
     model = moa_lm(moa_balance_loss_coef=1.0, moa_z_loss_coef=1.0).train()
-    output = model(tokens())
+    output = model(tiny_token_ids())
     torch.testing.assert_close(output.aux_loss, torch.tensor(1 + math.log(HEADS) ** 2, dtype=torch.float64), **EXACT)
     output.aux_loss.backward()
     assert all(block.attn.cross_head_mixing.weight.grad.abs().max() > 0 for block in model.transformer.h)
@@ -194,7 +191,7 @@ def test_a_balanced_router_has_balance_loss_one_and_the_loss_trains_the_router()
 def test_the_trainer_loss_includes_the_auxiliary_loss(tmp_path):
     model = moa_lm(moa_balance_loss_coef=0.5).train()
     randomize_cross_head(model, scale=0.5)
-    ids = tokens(batch=4)
+    ids = tiny_token_ids(batch=4)
     arguments = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, per_device_train_batch_size=4)
     trainer = Trainer(model=model, args=arguments)
     inputs = {"input_ids": ids, "labels": ids}
@@ -210,7 +207,7 @@ def test_a_router_a_forward_did_not_run_is_not_counted():
     """A module a wrapper replaced (PEFT's modules_to_save keeps the original beside the trained copy) keeps what its
     last forward recorded; the model counts only the routers of the forward that just ran."""
     model = moa_lm()
-    ids = tokens()
+    ids = tiny_token_ids()
     with torch.no_grad():
         reference = model(ids).aux_loss
         stale = model.transformer.h[0].attn.cross_head_mixing
@@ -241,7 +238,7 @@ def test_compiled_static_cache_generation_is_one_graph_with_the_eager_tokens():
     model = moa_lm()
     randomize_cross_head(model, scale=0.5)
     model.generation_config.eos_token_id = None
-    ids = tokens(batch=1, seq=5)
+    ids = tiny_token_ids(batch=1, seq=5)
     options = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False)
     expected = model.generate(ids, **options)
     compile_config = CompileConfig(fullgraph=True, backend="eager")
@@ -263,7 +260,7 @@ def test_an_encoder_decoder_generates_with_beams_and_reports_the_loss_of_both_st
     stock = BartForConditionalGeneration(tiny_bart_config()).eval()
     model = damcha_hf.convert_to_damcha(stock, cross_head_variant="moa", moa_top_k=HEADS).double()
     randomize_cross_head(model, scale=0.5)
-    ids = tokens(seq=7)
+    ids = tiny_token_ids(seq=7)
     with torch.no_grad():
         beams = model.generate(ids, num_beams=2, num_return_sequences=2, max_new_tokens=4, min_new_tokens=4)
         assert beams.shape[0] == 4

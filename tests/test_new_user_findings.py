@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_recipe, quick_runs
 from safetensors.torch import load_file, save_file
-from test_quick_runs import quick_runs
-from test_recipes import load_recipe
 from tiny_checkpoints import stock_decoder, write_stock_decoder
 
 import damcha_hf

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_RECIPE_ARGS, dead_pid, load_recipe, one_error_line, snapshot
 from safetensors.torch import load_file
-from test_safety import TINY, load_recipe, one_error_line, snapshot
 
 from damcha_hf.safe_files import RUN_LOCK_FILE, RUN_RECORD_FILE, SAVE_RECORD_FILE, output_folders
 
@@ -28,7 +28,7 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def arguments(corpus: Path, run: Path) -> list[str]:
-    return ["--data", str(corpus), *TINY, "--output-dir", str(run)]
+    return ["--data", str(corpus), *TINY_RECIPE_ARGS, "--output-dir", str(run)]
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +70,6 @@ def assert_same_weights(folder: Path, other: Path) -> None:
     assert mine.keys() == theirs.keys()
     for name in mine:
         assert torch.equal(mine[name], theirs[name]), name
-
-
-def dead_pid() -> int:
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    return process.pid
 
 
 def start_only(recipe, argv: list[str]):

@@ -7,10 +7,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import needs_auto_image_processor, tiny_bart_config, tiny_vit_config
+from conftest import (
+    load_checkpoints_in_fresh_process,
+    load_recipe,
+    needs_auto_image_processor,
+    tiny_bart_config,
+    tiny_vit_config,
+)
 from PIL import Image
-from test_recipes import load_recipe
-from test_remote_code import load_checkpoints_in_fresh_process
 from tiny_checkpoints import DECODER_TYPES, END_OF_TEXT, VOCAB, stock_decoder, write_stock_decoder
 from tokenizers import processors
 from transformers import (

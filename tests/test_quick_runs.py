@@ -10,89 +10,19 @@ sample of it in the same on-disk format instead (named with --fashion-mnist-dir 
 in its failure message."""
 
 import os
-import re
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import write_fashion_mnist, write_gcide
+from conftest import DATA_SETS, INSTALL_COMMAND, README, quick_runs
 
 from damcha_hf import data_sources
 from damcha_hf.optional_packages import EXTRAS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-README = REPO_ROOT / "README.md"
-# | `python recipes/train_vit.py --max-steps 5` | Fashion-MNIST | 17 s | 0.9 GB | 0.5 |
-QUICK_RUN_ROW = re.compile(
-    r"^\| `(?P<command>python [^`]+)` \| (?P<needs>[^|]+?) \| (?P<time>[\d.]+) (?P<unit>s|min) \|[^|]*\| "
-    r"(?P<load>[\d.]+) \|$",
-    re.MULTILINE,
-)
-SECONDS = {"s": 1, "min": 60}
-
-
-@dataclass(frozen=True)
-class DataSet:
-    """A Debian data set a quick run may need: its package, whether it is installed here, and how a run is pointed
-    at a generated copy of it (arguments added to the command, environment variables set)."""
-
-    package: str
-    missing_here: Callable[[], bool]
-    point_at_sample: Callable[[Path], tuple[list[str], dict]]  # folder -> (extra arguments, environment)
-
-
-def _fashion_mnist_sample(folder: Path) -> tuple[list[str], dict]:
-    # As many images as the quick runs read: quality.py's 500 test images, a few batches of training images.
-    return ["--fashion-mnist-dir", write_fashion_mnist(folder / "fashion-mnist", train=2000, test=500)], {}
-
-
-def _gcide_sample(folder: Path) -> tuple[list[str], dict]:
-    # quality.py's LM task reads 12 MB (10 train, 1 validation, 1 test).
-    return [], {data_sources.GCIDE_PATH_VARIABLE: write_gcide(folder / "gcide.dict.dz", size=12_200_000)}
-
-
-DATA_SETS = {
-    "Fashion-MNIST": DataSet(
-        "dataset-fashion-mnist",
-        lambda: data_sources.missing_fashion_mnist_message(data_sources.FASHION_MNIST_DIR) is not None,
-        _fashion_mnist_sample,
-    ),
-    "GCIDE": DataSet("dict-gcide", lambda: data_sources.missing_gcide_message() is not None, _gcide_sample),
-}
-INSTALL_COMMAND = "apt-get update && apt-get install -y dataset-fashion-mnist dict-gcide"
-
-
-# A quick run's need of a setup.cfg extra, as the table names it: "the `seq2seq` extra".
-EXTRA = re.compile(r"^the `(?P<name>[\w-]+)` extra$")
-
-
-@dataclass(frozen=True)
-class QuickRun:
-    command: str
-    needs: tuple[str, ...]  # names of DATA_SETS
-    stated_seconds: float
-    measured_load: float
-    extras: tuple[str, ...] = ()  # names of setup.cfg extras (damcha_hf.optional_packages.EXTRAS)
-
-    def __str__(self) -> str:
-        return self.command
-
-
-def quick_runs() -> list[QuickRun]:
-    """Every row of the README's quick-run table."""
-    runs = []
-    for match in QUICK_RUN_ROW.finditer(README.read_text()):
-        needs = () if match["needs"] == "nothing" else tuple(name.strip() for name in match["needs"].split(","))
-        extras = tuple(EXTRA.match(name)["name"] for name in needs if EXTRA.match(name))
-        data_sets = tuple(name for name in needs if not EXTRA.match(name))
-        seconds = float(match["time"]) * SECONDS[match["unit"]]
-        runs.append(QuickRun(match["command"], data_sets, seconds, float(match["load"]), extras))
-    return runs
 
 
 def test_the_readme_lists_the_quick_runs():

@@ -1,7 +1,6 @@
 """Defaults a newcomer relies on: runs never share or clobber a folder, a quick run stays quick (one evaluation, the
 text it needs), help shows every default, `info` names the saved class and never waits for the network."""
 
-import importlib.util
 import json
 import re
 import shlex
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_damcha_gpt2_config, write_fashion_mnist, write_gcide
+from conftest import load_recipe, tiny_damcha_gpt2_config, write_fashion_mnist, write_gcide
 from tiny_checkpoints import DECODER_TYPES, write_stock_decoder
 
 import damcha_hf
@@ -21,13 +20,6 @@ REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
 TINY_GPT2_ARGS = ["--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--block-size", "32", "--batch-size", "4",
                   "--metric-hidden-size", "8", "--logging-steps", "1", "--num-threads", "1"]  # fmt: skip
-
-
-def load_recipe(name: str):
-    spec = importlib.util.spec_from_file_location(f"defaults_recipe_{name}", RECIPES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """Each recipe end to end on tiny generated data: the loss goes down, resume continues at the saved step,
 two Accelerate processes stay identical, LoRA trains only LoRA + generator and merges exactly."""
 
-import importlib.util
 import json
 import os
 import re
@@ -13,7 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import needs_auto_image_processor
+from conftest import (
+    TINY_GPT2_ARGS,
+    assert_loss_goes_down,
+    load_recipe,
+    losses,
+    needs_auto_image_processor,
+    trainer_state,
+)
 from PIL import Image
 from transformers import (
     AutoModelForCausalLM,
@@ -28,39 +34,6 @@ from damcha_hf.data import byte_level_tokenizer
 from damcha_hf.hub import upload_plan
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
-TINY_GPT2_ARGS = ["--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--block-size", "32", "--batch-size", "8",
-                  "--metric-hidden-size", "8", "--learning-rate", "3e-3", "--logging-steps", "1",
-                  "--max-eval-samples", "16", "--num-threads", "1"]  # fmt: skip
-
-
-def load_recipe(name: str):
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", RECIPES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> str:
-    rng = np.random.default_rng(0)
-    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "then", "runs", "far", "away"]
-    lines = [" ".join(rng.choice(words, 12)) + "\n" for _ in range(400)]
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("".join(lines))
-    return str(path)
-
-
-def losses(log_history) -> dict[int, float]:
-    return {entry["step"]: entry["loss"] for entry in log_history if "loss" in entry}
-
-
-def assert_loss_goes_down(step_losses: dict[int, float]) -> None:
-    values = [step_losses[step] for step in sorted(step_losses)]
-    assert np.mean(values[-2:]) < np.mean(values[:2]), values
-
-
-def trainer_state(folder) -> dict:
-    return json.loads((Path(folder) / "trainer_state.json").read_text())
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,17 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import (
+    RECIPE_NAMES,
+    TINY_RECIPE_ARGS,
+    USER_BYTES,
+    dead_pid,
+    load_recipe,
+    one_error_line,
+    snapshot,
+    tiny_lm,
+)
 from huggingface_hub import HfApi
-from test_hub import online  # noqa: F401 (a fixture)
-from test_safety import RECIPE_NAMES, TINY, USER_BYTES, load_recipe, one_error_line, snapshot, tiny_lm
 
 from damcha_hf import hub
 from damcha_hf.cli import main as cli_main
@@ -45,13 +53,6 @@ def start_run(argv: list[str], name: str = "train_gpt2"):
     """Parse as a run of the recipe does (locking --output-dir and finishing what a killed save left), then end it."""
     recipe = load_recipe(name)
     return recipe.run_folder.holding_run_folder(recipe.parse_args)(argv)
-
-
-def dead_pid() -> int:
-    """The id of a process that has ended (what a killed save leaves in its temporary names)."""
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    return process.pid
 
 
 def base_argument(name: str, tmp_path: Path) -> list[str]:
@@ -393,7 +394,17 @@ def trained_run(tmp_path_factory) -> Path:
     corpus.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(400)))
     run = folder / "run"
     recipe = load_recipe("train_gpt2")
-    args_run = ["--data", str(corpus), *TINY, "--output-dir", str(run), "--max-steps", "2", "--save-steps", "1"]
+    args_run = [
+        "--data",
+        str(corpus),
+        *TINY_RECIPE_ARGS,
+        "--output-dir",
+        str(run),
+        "--max-steps",
+        "2",
+        "--save-steps",
+        "1",
+    ]
     recipe.main(args_run)
     return run
 
@@ -402,7 +413,7 @@ def copy_of(run: Path, tmp_path: Path) -> tuple[Path, list[str]]:
     copy = tmp_path / "run"
     shutil.copytree(run, copy, ignore=shutil.ignore_patterns(".damcha-hf-run.lock"))
     corpus = run.parent / "corpus.txt"
-    return copy, ["--data", str(corpus), *TINY, "--output-dir", str(copy), "--save-steps", "1"]
+    return copy, ["--data", str(corpus), *TINY_RECIPE_ARGS, "--output-dir", str(copy), "--save-steps", "1"]
 
 
 @pytest.mark.parametrize(
@@ -529,7 +540,7 @@ def test_accelerate_resume_checks_its_state_and_can_continue_from_the_weights_al
     recipe = load_recipe("train_gpt2_accelerate")
     run = tmp_path / "accelerate"
     corpus = trained_run.parent / "corpus.txt"
-    argv = ["--data", str(corpus), *TINY, "--output-dir", str(run), "--max-steps", "2", "--save-steps", "2"]
+    argv = ["--data", str(corpus), *TINY_RECIPE_ARGS, "--output-dir", str(run), "--max-steps", "2", "--save-steps", "2"]
     recipe.main(argv)
     trained_checksum = (run / "parameter_sha256_rank0.txt").read_text()
     (run / "checkpoint-2" / "optimizer.bin").unlink()

@@ -1,7 +1,6 @@
 """Nothing lost, nothing leaked: output folders, pushes that stay inside their folder, validated config overrides,
 cards without local paths, honest resumes, one-line errors and an instant `--help`."""
 
-import importlib.util
 import json
 import math
 import os
@@ -14,11 +13,18 @@ import huggingface_hub
 import pytest
 import torch
 from conftest import (
+    RECIPE_NAMES,
+    TINY_RECIPE_ARGS,
+    USER_BYTES,
+    load_recipe,
+    one_error_line,
     randomize_cross_head,
+    snapshot,
     tiny_damcha_gpt2_config,
     tiny_damcha_llama_config,
     tiny_damcha_vit_config,
     tiny_gpt2_config,
+    tiny_lm,
 )
 from huggingface_hub import HfApi
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2LMHeadModel
@@ -31,34 +37,6 @@ from damcha_hf.safe_files import UnsafeOutputError
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
-RECIPE_NAMES = ("train_gpt2", "train_gpt2_accelerate", "train_vit", "finetune_lora")
-USER_BYTES = b"my thesis, chapter 3 \x00\xff (no backup)"
-
-
-def load_recipe(name: str):
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", RECIPES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def tiny_lm(**overrides):
-    model = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(**overrides)).eval()
-    randomize_cross_head(model, scale=0.3)
-    return model
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
-
-
-def one_error_line(captured: str) -> str:
-    lines = [line for line in captured.splitlines() if line.strip()]
-    assert len(lines) == 1, captured
-    assert "Traceback" not in captured
-    return lines[0]
-
-
 # ------------------------------------------------------------------------------------------ output folders (item 1)
 
 
@@ -346,14 +324,10 @@ def private_corpus(tmp_path_factory) -> Path:
     return path
 
 
-TINY = ["--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--block-size", "32", "--batch-size", "8",
-        "--learning-rate", "3e-3", "--logging-steps", "1", "--max-eval-samples", "8", "--num-threads", "1"]  # fmt: skip
-
-
 def test_recipe_card_and_files_carry_no_local_data_path_and_resume_checks_settings(tmp_path, private_corpus):
     recipe = load_recipe("train_gpt2")
     output = tmp_path / "run"
-    common = ["--data", str(private_corpus), *TINY, "--output-dir", str(output)]
+    common = ["--data", str(private_corpus), *TINY_RECIPE_ARGS, "--output-dir", str(output)]
     recipe.main([*common, "--metric-context", "query", "--metric-hidden-size", "8", "--max-steps", "2",
                  "--save-steps", "1", "--eval-steps", "2"])  # fmt: skip
     marker = private_corpus.parent.name.encode()

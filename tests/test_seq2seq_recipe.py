@@ -1,14 +1,12 @@
 """`recipes/train_bart.py` (the Seq2SeqTrainer recipe) and the shipped BLEU / chrF / ROUGE modules."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_recipe
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-RECIPE = REPO_ROOT / "recipes" / "train_bart.py"
 TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--ffn-dim", "64", "--bpe-vocab-size", "300",
         "--max-eval-samples", "8", "--batch-size", "4", "--max-source-length", "32", "--max-target-length", "12"]  # fmt: skip
 
@@ -23,13 +21,6 @@ def pairs_file(tmp_path) -> Path:
     return path
 
 
-def load_recipe():
-    spec = importlib.util.spec_from_file_location("recipe_train_bart", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("model_type, expected_class", [
     ("damcha_bart", "DamchaBartForConditionalGeneration"),
     pytest.param("bart", "BartForConditionalGeneration", marks=pytest.mark.slow),
@@ -39,7 +30,7 @@ def test_a_quick_run_trains_scores_generations_and_saves_a_loadable_checkpoint(t
     import transformers
 
     run = tmp_path / "run"
-    results = load_recipe().main(["--data", str(pairs_file), "--max-steps", "2", "--model-type", model_type,
+    results = load_recipe("train_bart").main(["--data", str(pairs_file), "--max-steps", "2", "--model-type", model_type,
                                   "--output-dir", str(run), *TINY])  # fmt: skip
     assert results == json.loads((run / "eval_results.json").read_text())
     assert results["global_step"] == 2 and results["eval_pairs"] == 8
@@ -70,7 +61,7 @@ def test_a_quick_run_trains_scores_generations_and_saves_a_loadable_checkpoint(t
 )
 def test_mistakes_fail_while_parsing_with_the_fix(tmp_path, arguments, message, capsys):
     with pytest.raises(SystemExit) as raised:
-        load_recipe().parse_args([*arguments, "--output-dir", str(tmp_path / "run")])
+        load_recipe("train_bart").parse_args([*arguments, "--output-dir", str(tmp_path / "run")])
     assert raised.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -98,9 +89,7 @@ def test_the_shipped_generation_metrics_agree_with_the_libraries_and_with_closed
 
 
 def test_the_lora_recipe_refuses_an_encoder_decoder_while_parsing(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("recipe_finetune_lora", REPO_ROOT / "recipes" / "finetune_lora.py")
-    lora = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lora)
+    lora = load_recipe("finetune_lora")
     base = tmp_path / "bart"
     base.mkdir()
     (base / "config.json").write_text(json.dumps({"model_type": "damcha_bart"}))

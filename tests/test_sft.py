@@ -7,10 +7,8 @@ import json
 
 import pytest
 import torch
-from conftest import randomize_cross_head
+from conftest import load_checkpoints_in_fresh_process, load_recipe, randomize_cross_head
 from safetensors.torch import load_file
-from test_recipes import load_recipe
-from test_remote_code import load_checkpoints_in_fresh_process
 from tiny_checkpoints import stock_decoder, write_stock_decoder
 from transformers import AutoModelForCausalLM, AutoTokenizer
 

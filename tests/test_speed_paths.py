@@ -7,15 +7,11 @@ counters showing one graph for every decoding step (no graph break, no recompila
 
 import pytest
 import torch
-from conftest import randomize_cross_head, tiny_damcha_gpt2_config, tiny_damcha_vit_config
+from conftest import randomize_cross_head, tiny_damcha_gpt2_config, tiny_damcha_vit_config, tiny_token_ids
 from torch._dynamo.utils import counters
 from transformers import CompileConfig
 
 from damcha_hf import DamchaGPT2LMHeadModel, DamchaViTForImageClassification
-
-
-def tokens(batch=2, seq=9, seed=0):
-    return torch.randint(1, 97, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
 def damcha_lm(attn="sdpa", **overrides):
@@ -29,7 +25,7 @@ def damcha_lm(attn="sdpa", **overrides):
 @pytest.mark.parametrize("variant", ["damcha", "none"])
 def test_flex_attention_equals_sdpa_gpt2(variant):
     model = damcha_lm(metric_context="token", cross_head_variant=variant)
-    ids = tokens()
+    ids = tiny_token_ids(seq=9, lowest=1)
     expected = model(ids).logits
     model.set_attn_implementation("flex_attention")
     assert model.config._attn_implementation == "flex_attention"
@@ -73,7 +69,7 @@ def test_score_mixing_variants_refuse_flex(variant):
 def test_flash_attention_equals_sdpa_on_gpu(context):
     pytest.importorskip("flash_attn", reason="the flash_attn package is not installed")
     model = damcha_lm(metric_context=context).to("cuda", torch.bfloat16)
-    ids = tokens().cuda()
+    ids = tiny_token_ids(seq=9, lowest=1).cuda()
     expected = model(ids).logits.float()
     model.set_attn_implementation("flash_attention_2")
     torch.testing.assert_close(model(ids).logits.float(), expected, rtol=2e-2, atol=2e-2)
@@ -92,7 +88,7 @@ def compile_config() -> CompileConfig:
 def test_compiled_static_cache_decoding_has_one_graph_and_the_eager_tokens(variant):
     model = damcha_lm(metric_context="token", cross_head_variant=variant)
     model.generation_config.eos_token_id = None
-    ids = tokens(batch=1, seq=5)
+    ids = tiny_token_ids(batch=1, seq=5, lowest=1)
     options = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False)
     expected = model.generate(ids, **options)
     torch._dynamo.reset()
@@ -110,7 +106,7 @@ def test_compiled_static_cache_decoding_has_one_graph_and_the_eager_tokens(varia
 def test_compiled_training_step_is_one_graph_with_eager_gradients(attn):
     """The recomputing generator (a custom autograd Function) and the key mixing trace with fullgraph=True."""
     model = damcha_lm(attn=attn, metric_context="token").train()
-    ids = tokens()
+    ids = tiny_token_ids(seq=9, lowest=1)
 
     def gradients(forward):
         model.zero_grad(set_to_none=True)

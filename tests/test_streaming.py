@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import RECIPES_FOLDER, load_recipe_module, write_rows
+from conftest import RECIPES_FOLDER, load_recipe, write_rows
 
 BLOCK_SIZE = 32
 MODEL_FLAGS = ["--n-layer", "1", "--n-embd", "32", "--n-head", "4", "--block-size", str(BLOCK_SIZE),
@@ -95,7 +95,7 @@ def test_a_resume_refuses_a_checkpoint_of_a_run_that_did_not_stream(tmp_path, st
     flags = [*stream_files[:-1], *MODEL_FLAGS, "--batch-size", "8", "--max-steps", "2"]
     run_accelerate([*flags, "--output-dir", str(tmp_path)])
     with pytest.raises(ValueError, match="not trained with --streaming"):
-        load_recipe_module("train_gpt2_accelerate").main([*flags, "--streaming", "--max-steps", "4", "--output-dir",
+        load_recipe("train_gpt2_accelerate").main([*flags, "--streaming", "--max-steps", "4", "--output-dir",
                                                           str(tmp_path), "--resume"])  # fmt: skip
 
 
@@ -130,14 +130,14 @@ def test_two_streaming_processes_read_disjoint_shares_and_match_one_process(tmp_
 
 
 def test_the_trainer_recipe_streams_and_resumes_past_what_it_saw(tmp_path, stream_files):
-    recipe = load_recipe_module("train_gpt2")
+    recipe = load_recipe("train_gpt2")
     flags = [*stream_files, *MODEL_FLAGS, "--batch-size", "8", "--max-steps", "8", "--save-steps", "4",
              "--eval-steps", "4"]  # fmt: skip
     recipe.main([*flags, "--output-dir", str(tmp_path / "full")])
     full = json.loads((tmp_path / "full" / "checkpoint-8" / "trainer_state.json").read_text())["log_history"]
     (tmp_path / "resumed").mkdir()
     shutil.copytree(tmp_path / "full" / "checkpoint-4", tmp_path / "resumed" / "checkpoint-4")
-    load_recipe_module("train_gpt2").main([*flags, "--output-dir", str(tmp_path / "resumed"), "--resume"])
+    load_recipe("train_gpt2").main([*flags, "--output-dir", str(tmp_path / "resumed"), "--resume"])
     resumed = json.loads((tmp_path / "resumed" / "checkpoint-8" / "trainer_state.json").read_text())["log_history"]
     expected = train_losses(full)
     assert len(expected) == 8

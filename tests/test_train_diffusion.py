@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import write_fashion_mnist
+from conftest import assert_loss_goes_down, load_recipe, losses, trainer_state, write_fashion_mnist
 from PIL import Image
-from test_recipes import assert_loss_goes_down, load_recipe, losses, trainer_state
 from transformers import AutoModel
 
 import damcha_hf

@@ -8,51 +8,23 @@ import math
 import pytest
 import torch
 import transformers
-from conftest import randomize_cross_head
-from test_remote_code import expected_auto_map, load_in_fresh_process
+from conftest import (
+    denoiser,
+    expected_auto_map,
+    load_in_fresh_process,
+    randomize_cross_head,
+    tiny_denoiser_config,
+)
 
 import damcha_hf
 from damcha_hf.modeling.modeling_damcha_vit_denoiser import sinusoidal_timestep_features
 
-TINY_DENOISER = {
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "intermediate_size": 64,
-    "image_size": 8,
-    "patch_size": 2,
-    "num_channels": 1,
-    "hidden_dropout_prob": 0.0,
-    "attention_probs_dropout_prob": 0.0,
-    "metric_hidden_size": 16,
-    "time_embedding_size": 16,
-}
 VARIANTS = [
     {"metric_context": "sequence"},
     {"metric_context": "token"},
     {"cross_head_variant": "talking_heads"},
     {"cross_head_variant": "dcmha"},
 ]
-
-
-def tiny_denoiser_config(**overrides) -> damcha_hf.DamchaViTDenoiserConfig:
-    return damcha_hf.DamchaViTDenoiserConfig(**{**TINY_DENOISER, **overrides})
-
-
-def randomize_head(model, seed: int = 0) -> None:
-    """Move the noise head (which starts at zero) to random weights, so that the output depends on the encoder."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.noise_head.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.2)
-
-
-def denoiser(seed: int = 0, attn: str = "eager", **overrides):
-    torch.manual_seed(seed)
-    model = damcha_hf.DamchaViTDenoiserModel(tiny_denoiser_config(**overrides)).eval()
-    model.set_attn_implementation(attn)
-    randomize_head(model, seed)
-    return model
 
 
 def batch(config, size: int = 3, seed: int = 1):

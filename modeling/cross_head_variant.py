@@ -7,8 +7,8 @@ here, the models build and initialise its parameters through its hooks, the atte
 lines read its names and descriptions.
 
 Torch-free at import, so that the configs and the command line's `--help` read the declarations without loading the
-attention core: the hooks that build or run modules import their torch code when called. Part of the remote-code
-payload.
+attention core: the hooks that build modules import their torch code when called, and `bind`, called when a layer is
+built, resolves once the torch code the per-call hooks run. Part of the remote-code payload.
 """
 
 from typing import ClassVar
@@ -20,6 +20,8 @@ from .config_rules import ConfigField
 ALL_BACKENDS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 # The attributes the models give a variant's modules: one per layer stack (shared by its layers), one per layer.
 STACK_MODULE, LAYER_MODULE = "cross_head_metric", "cross_head_mixing"
+# The attribute an attention layer keeps its bound variant in (`CrossHeadVariant.bind`).
+BOUND_VARIANT = "attention_variant"
 
 
 class CrossHeadVariant:
@@ -95,9 +97,15 @@ class CrossHeadVariant:
 
     # --- attention --------------------------------------------------------------------------------------------------
 
-    def projects_key(self, config, metric_context: str | None) -> bool:
-        """Whether the attention hook computes the key from `key_projection` itself (a layer may then pass no key)."""
-        return False
+    # Whether the attention hook computes the key from `key_projection` itself when a layer passes no key (otherwise
+    # the attention core projects it first).
+    projects_key: ClassVar[bool] = False
+
+    def bind(self) -> "CrossHeadVariant":
+        """Resolve the torch code the per-call hooks (`attention_inputs`, `attended_key`, `attended_output`) run, once,
+        when a layer of this variant is built (torch is loaded by then), so that a forward imports nothing; returns the
+        variant, which the layer keeps (`dispatch.layer_variant`). Until then the declaration stays torch-free."""
+        return self
 
     def attention_inputs(self, module, query, key, value, *, hidden_states, key_states, metric, **options):
         """The attention hook: `(query, key, score_mixing)` for the layer `module`.
@@ -171,11 +179,15 @@ class ScoreMixingVariant(CrossHeadVariant):
     def layer_module(self, config):
         return self.mixing_class().from_config(config)
 
+    def bind(self) -> "ScoreMixingVariant":
+        self.bound_mixing_class = self.mixing_class()
+        return self
+
     def attention_inputs(self, module, query, key, value, *, hidden_states, key_states, metric, **options):
         mixing = getattr(module, LAYER_MODULE, None)
         # A wrapper (PEFT's modules_to_save) stands in for the module and forwards its methods to the trained copy, so
         # the check looks through it instead of insisting on the class.
-        if not isinstance(getattr(mixing, "original_module", mixing), self.mixing_class()):
+        if not isinstance(getattr(mixing, "original_module", mixing), self.bound_mixing_class):
             raise ValueError(
                 f"{type(module).__name__} has no `{LAYER_MODULE}` module for `cross_head_variant={self.name!r}`; "
                 "build the model through its config, which gives every layer one."

@@ -19,7 +19,7 @@ import warnings
 from torch import nn
 from transformers.utils import ModelOutput, logging
 
-from .cross_head_variant import LAYER_MODULE, STACK_MODULE
+from .cross_head_variant import BOUND_VARIANT, LAYER_MODULE, STACK_MODULE
 from .damcha_config import VARIANT_FIELDS as VARIANT_FIELD_NAMES
 from .damcha_config import config_keywords, variant_option_refusal
 from .dispatch import attn_implementation_for
@@ -94,7 +94,10 @@ class DamchaAttentionMixin:
         # The layer index it calls its stack's metric with (an encoder-decoder offsets its cross-attention layers),
         # an instance attribute so that the attention core reads it without `nn.Module.__getattr__`'s miss path.
         module.metric_layer_index = module.layer_idx
-        setattr(module, LAYER_MODULE, variant_of(config).layer_module(config))
+        variant = variant_of(config).bind()
+        setattr(module, LAYER_MODULE, variant.layer_module(config))
+        # Kept by the layer, so that its forward looks nothing up in the registry (`dispatch.layer_variant`).
+        setattr(module, BOUND_VARIANT, variant)
 
 
 class DamchaPreTrainedMixin:
@@ -194,11 +197,14 @@ class DamchaPreTrainedMixin:
         }
         attention = self.damcha_attention_class
         attention_stock = stock_class_of(attention)
+        variant = variant_of(self.config).bind()
         layer_index = 0
         for module in list(self.modules()):
             if type(module) in inner_classes:
                 module.__class__ = inner_classes[type(module)]
                 register_output_recording(module)
+            if isinstance(module, DamchaPreTrainedMixin):  # its forward reports the variant's auxiliary loss
+                setattr(module, BOUND_VARIANT, variant)
             if getattr(type(module), "damcha_layer_stack", False):
                 layer_index = 0
                 if not hasattr(module, STACK_MODULE):
@@ -442,7 +448,8 @@ def forward_reporting_auxiliary_loss(forward):
 
     @functools.wraps(forward)
     def reporting_forward(self, *args, **kwargs):
-        variant = variant_of(self.config)
+        # Bound when the model was built (`_adopt_stock_layers`); looked up for a model built otherwise.
+        variant = self.__dict__.get(BOUND_VARIANT) or variant_of(self.config).bind()
         if not variant.reports_auxiliary_loss or self.damcha_stack_in_container:
             return forward(self, *args, **kwargs)
         as_tuple = kwargs.get("return_dict") is False

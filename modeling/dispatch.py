@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .cross_head_variant import ALL_BACKENDS
+from .cross_head_variant import ALL_BACKENDS, BOUND_VARIANT, CrossHeadVariant
 from .metric import full_width_key, project_heads
 from .score_mixing import score_mixing_attention_inputs
 from .transformers_releases import SourceKeyCache, self_attention_cache
@@ -170,11 +170,11 @@ def cross_head_attention_inputs(
     (the variant refuses every other backend), so the layer's one call runs it. Plain attention passes the projections
     through.
     """
-    config = module.config
-    # Each config field is read once: a transformers config attribute costs microseconds per read (its
-    # `__getattribute__` hooks), which batch-1 decoding pays per layer and step.
-    variant = variant_of(config)
-    attn_implementation = config._attn_implementation
+    # The variant was bound when the layer was built, and the variant's hook reads each config field it needs once: a
+    # transformers config attribute costs microseconds per read (its `__getattribute__` hooks), and a registry lookup
+    # about as much, which batch-1 decoding pays per layer and step.
+    variant = layer_variant(module)
+    attn_implementation = module.config._attn_implementation
     # transformers renamed the cache argument in 5.24; whichever name the caller used, it is the same cache.
     cache = cache if cache is not None else past_key_values
     if source_states is None:
@@ -183,7 +183,7 @@ def cross_head_attention_inputs(
         cache, key_states = SourceKeyCache.of(cache, module.layer_idx), source_states
         if cache is not None and cache.filled:  # the source's keys, values (and key-side weights) as stored
             (key, value), cache, key_states = cache.stored(), None, None
-    if key is None and key_states is not None and not variant.projects_key(config, metric_context):
+    if key is None and key_states is not None and not variant.projects_key:
         key = project_heads(key_projection, key_states, query.shape[-1])
     query, key, mixing = variant.attention_inputs(
         module, query, key, value, hidden_states=hidden_states, key_states=key_states, metric=metric,
@@ -203,4 +203,16 @@ def cross_head_attention_inputs(
 def cross_head_attention_output(module: nn.Module, output: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
     """The heads' outputs the layer projects, from what its attention function returned (MoA gates them per token;
     every other variant returns `output` as it is)."""
-    return variant_of(module.config).attended_output(module, output, hidden_states)
+    return layer_variant(module).attended_output(module, output, hidden_states)
+
+
+def layer_variant(module: nn.Module) -> CrossHeadVariant:
+    """The attention variant of the layer `module`, bound (`CrossHeadVariant.bind`) when the layer was turned into a
+    DAMCHA layer (`DamchaAttentionMixin.adopt_stock_layer`); a layer built on its own, by its stock `__init__`, binds
+    it on its first call. A layer is built for one variant (its modules are that variant's), so the registry is not
+    consulted again; the variant's hooks still read the config fields that may change on a built model."""
+    variant = module.__dict__.get(BOUND_VARIANT)
+    if variant is None:
+        variant = variant_of(module.config).bind()
+        setattr(module, BOUND_VARIANT, variant)
+    return variant

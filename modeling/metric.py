@@ -293,7 +293,7 @@ def cross_head_query_key(
         token_mask: `(batch, seq)`, True for real tokens and False for padding, or None (no padding). Only
             `"sequence"` uses it: its `C` comes from the mean over the real tokens.
         compact_saved_key: `"token"` keeps a compact copy of the key for backward instead of a view into its
-            projection: for attention functions that copy their inputs (`_backend_copies_its_inputs`). (`"sequence"`
+            projection: for attention functions that copy their inputs (`backend_copies_its_inputs`). (`"sequence"`
             always keeps a compact copy.)
         key_projection: a layer with its own key projection (ViT) may pass it, with `key=None`, instead of the key:
             `"sequence"` and `"token"` then project and mix in one step that keeps less for backward
@@ -325,6 +325,21 @@ def cross_head_query_key(
     raise ValueError(
         f"unknown `metric_context` {metric_context!r}; choose one of {', '.join(map(repr, METRIC_CONTEXTS))}."
     )
+
+
+def backend_copies_its_inputs(attn_implementation: str | None, dropout: float, query) -> bool:
+    """Whether the attention function saves copies of q, k, v for backward rather than the tensors themselves.
+
+    Eager attention and SDPA's math fallback (which a CPU takes when attention dropout is on) do: they then keep no
+    view into a fused `c_attn` projection alive, and a key mixing that saved its input as such a view would keep the
+    whole `(b, s, 3d)` projection alive for backward on its own (3 keys' worth per layer). The fused kernels save the
+    q, k, v views themselves, so the projection is kept anyway and a view costs nothing.
+    """
+    if not (torch.is_grad_enabled() and query.requires_grad):
+        return False
+    if attn_implementation == "eager":
+        return True
+    return attn_implementation == "sdpa" and dropout > 0 and query.device.type == "cpu"
 
 
 def expanded_query(query: torch.Tensor, cross_head: torch.Tensor) -> torch.Tensor:
@@ -369,7 +384,7 @@ def mix_keys_per_token(cross_head: torch.Tensor, key: torch.Tensor, compact_save
     The projections hand the key over as a transposed view of `(b, s, H, d_h)`, so transposing it back and merging
     `(b, s)` are views, not copies; the result is again a `(b, H, s, d_h)` view, laid out as the plain key was.
     `compact_saved_key`: save a compact copy of the key for backward rather than a view into its projection (see
-    `_backend_copies_its_inputs`).
+    `backend_copies_its_inputs`).
     """
     batch, heads, seq, head_dim = key.shape
     token_major = key.transpose(1, 2).reshape(batch * seq, heads, head_dim)

@@ -126,13 +126,27 @@ class Damcha(CrossHeadVariant):
 
     # --- attention --------------------------------------------------------------------------------------------------
 
-    def projects_key(self, config, metric_context: str | None) -> bool:
-        # "token" and "sequence" mix the keys as they project them (`metric.cross_head_query_key`), in one step.
-        return config.metric_form == "keys" and (metric_context or config.metric_context) in ("sequence", "token")
+    # "token" and "sequence" mix the keys as they project them (`metric.cross_head_query_key`), in one step; the other
+    # settings project the key in the hook, so that the config's fields are read once per call.
+    projects_key = True
+
+    def bind(self) -> "Damcha":
+        from .metric import (
+            MetricScoreMixing,
+            backend_copies_its_inputs,
+            cross_head_query_key,
+            expanded_query,
+            project_heads,
+        )
+
+        self.metric_score_mixing = MetricScoreMixing
+        self.backend_copies_its_inputs = backend_copies_its_inputs
+        self.cross_head_query_key = cross_head_query_key
+        self.expanded_query = expanded_query
+        self.project_heads = project_heads
+        return self
 
     def attention_inputs(self, module, query, key, value, *, hidden_states, key_states, metric, **options):
-        from .metric import MetricScoreMixing, cross_head_query_key, expanded_query
-
         config = module.config
         metric_context = options.get("metric_context") or config.metric_context
         if metric is None:
@@ -148,14 +162,19 @@ class Damcha(CrossHeadVariant):
                 "the whole sequence and would let each token see later ones; set `config.metric_context = 'token'` "
                 "(or 'query') on this model."
             )
+        # Read per call, since they may change on a built model (`model.config.metric_mask = "diagonal"`, the
+        # paper's ablation at inference); everything else the layer needs was bound when it was built.
+        metric_form, metric_mask = config.metric_form, config.metric_mask
         metric_layer = metric_layer_index(module)
         token_mask = options.get("token_mask")
-        if config.metric_form == "scores":
-            mixing = MetricScoreMixing(
+        if metric_form == "scores":
+            if key is None:
+                key = self.project_heads(options.get("key_projection"), key_states, query.shape[-1])
+            mixing = self.metric_score_mixing(
                 metric,
                 layer_idx=metric_layer,
                 metric_context=metric_context,
-                metric_mask=config.metric_mask,
+                metric_mask=metric_mask,
                 num_key_value_heads=(key if key is not None else value).shape[1],
                 token_mask=token_mask,
             )
@@ -166,18 +185,18 @@ class Damcha(CrossHeadVariant):
             raise ValueError(query_context_refusal(attn_implementation))
         if key_states is None:  # cached source keys are mixed already; "query" still expands the new queries
             if metric_context == "query":
-                query = expanded_query(query, metric(hidden_states, metric_layer, config.metric_mask))
+                query = self.expanded_query(query, metric(hidden_states, metric_layer, metric_mask))
             return query, key, None
-        query, key = cross_head_query_key(
+        query, key = self.cross_head_query_key(
             query,
             key,
             hidden_states,
             metric,
             layer_idx=metric_layer,
             metric_context=metric_context,
-            metric_mask=config.metric_mask,
+            metric_mask=metric_mask,
             token_mask=token_mask,
-            compact_saved_key=backend_copies_its_inputs(attn_implementation, dropout, query),
+            compact_saved_key=self.backend_copies_its_inputs(attn_implementation, dropout, query),
             key_projection=options.get("key_projection"),
             key_states=key_states,
         )
@@ -198,23 +217,6 @@ def metric_layer_index(module) -> int:
     its `layer_idx` for a layer built otherwise."""
     index = module.__dict__.get("metric_layer_index")
     return index if index is not None else module.layer_idx or 0
-
-
-def backend_copies_its_inputs(attn_implementation: str | None, dropout: float, query) -> bool:
-    """Whether the attention function saves copies of q, k, v for backward rather than the tensors themselves.
-
-    Eager attention and SDPA's math fallback (which a CPU takes when attention dropout is on) do: they then keep no
-    view into a fused `c_attn` projection alive, and a key mixing that saved its input as such a view would keep the
-    whole `(b, s, 3d)` projection alive for backward on its own (3 keys' worth per layer). The fused kernels save the
-    q, k, v views themselves, so the projection is kept anyway and a view costs nothing.
-    """
-    import torch
-
-    if not (torch.is_grad_enabled() and query.requires_grad):
-        return False
-    if attn_implementation == "eager":
-        return True
-    return attn_implementation == "sdpa" and dropout > 0 and query.device.type == "cpu"
 
 
 VARIANT = Damcha()

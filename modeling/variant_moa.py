@@ -93,10 +93,16 @@ class MixtureOfAttentionHeads(CrossHeadVariant):
 
         init_moa(module, std)
 
-    def attended_output(self, module, output, hidden_states):
-        from .moa import gate_heads
+    def bind(self) -> "MixtureOfAttentionHeads":
+        from .moa import clear_router_losses, gate_heads, model_router_loss
 
-        return gate_heads(getattr(module, LAYER_MODULE), output, hidden_states)
+        self.gate_heads = gate_heads
+        self.clear_router_losses = clear_router_losses
+        self.model_router_loss = model_router_loss
+        return self
+
+    def attended_output(self, module, output, hidden_states):
+        return self.gate_heads(getattr(module, LAYER_MODULE), output, hidden_states)
 
     def checkpointing_function(self, checkpoint, layer):
         from .moa import checkpoint_carrying_router_losses
@@ -104,14 +110,10 @@ class MixtureOfAttentionHeads(CrossHeadVariant):
         return checkpoint_carrying_router_losses(checkpoint, layer)
 
     def clear_auxiliary_loss(self, model) -> None:
-        from .moa import clear_router_losses
-
-        clear_router_losses(model)
+        self.clear_router_losses(model)
 
     def auxiliary_loss(self, model):
-        from .moa import model_router_loss
-
-        return model_router_loss(model)
+        return self.model_router_loss(model)
 
 
 VARIANT = MixtureOfAttentionHeads()

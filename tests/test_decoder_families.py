@@ -104,7 +104,7 @@ def heads_by_hand(name, attention, x):
     return q, k, v
 
 
-def attention_by_hand(name, attention, metric, x, context, layer):
+def attention_by_hand(name, attention, metric, x, context, layer, mask="full"):
     config = attention.config
     q, k, v = heads_by_hand(name, attention, x)
     rope = config.rope_parameters
@@ -115,6 +115,7 @@ def attention_by_hand(name, attention, metric, x, context, layer):
     out = oracle_attention_heads(
         q, k, v, x, metric, context,
         scaling=scale**-0.5,
+        mask=mask,
         window=window_of(config, layer),
         softcap=getattr(config, "attn_logit_softcapping", None),
         layer=layer,
@@ -155,6 +156,55 @@ def test_every_attention_layer_equals_the_naive_reference(name, attn, context):
         # carries float32's relative rounding (eps ~1.2e-7) through RoPE; everything else here is float64.
         tolerance = 16 * torch.finfo(torch.float32).eps * expected.abs().max().item()
         torch.testing.assert_close(output, expected, rtol=0, atol=tolerance)
+
+
+def refuse_deferred_model_imports(monkeypatch):
+    """Make a relative import from inside the model files (`from .metric import ...` in a function) raise."""
+    import builtins
+
+    stock_import = builtins.__import__
+
+    def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
+        importer = (globals or {}).get("__name__", "")
+        if level > 0 and importer.startswith("damcha_hf.modeling"):
+            raise AssertionError(f"{importer} imported .{name} during a forward")
+        return stock_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", guarded_import)
+
+
+@pytest.mark.parametrize("name", ["mistral", "qwen3"])
+def test_a_built_model_binds_its_variant_and_follows_a_metric_mask_set_on_its_config(name, monkeypatch):
+    """A forward consults no variant registry and imports nothing (the variant was bound when the layers were built),
+    yet `model.config.metric_mask = ...` on the built model (the paper's ablation at inference) changes every layer to
+    exactly the masked attention written out by hand, in float64."""
+    from damcha_hf.modeling import damcha_pretrained, dispatch, variants
+
+    model = trained_lm(name, "token", "sdpa", dtype=torch.float64)
+
+    def registry_lookup(config):
+        raise AssertionError("the variant registry was consulted during a forward")
+
+    for module in (variants, dispatch, damcha_pretrained):
+        monkeypatch.setattr(module, "variant_of", registry_lookup)
+    refuse_deferred_model_imports(monkeypatch)
+    metric = model.model.cross_head_metric
+    logits = {}
+    for mask in ("diagonal", "offdiagonal", "full"):
+        model.config.metric_mask = mask
+        records, handles = record_attention_layers(model)
+        with torch.no_grad():
+            logits[mask] = model(tokens()).logits
+        for handle in handles:
+            handle.remove()
+        for layer, (x, output) in enumerate(records):
+            attention = model.model.layers[layer].self_attn
+            with torch.no_grad():
+                expected = attention_by_hand(name, attention, metric, x, "token", layer, mask=mask)
+            tolerance = 16 * torch.finfo(torch.float32).eps * expected.abs().max().item()  # RoPE's float32 tables
+            torch.testing.assert_close(output, expected, rtol=0, atol=tolerance)
+    assert (logits["full"] - logits["diagonal"]).abs().max() > 1e-3
+    assert (logits["diagonal"] - logits["offdiagonal"]).abs().max() > 1e-3
 
 
 # --- the attention function gets what stock gives it ----------------------------------------------------------------

@@ -23,6 +23,7 @@ import run_folder
 from damcha_hf import argument_checks as checks
 from damcha_hf.modeling import damcha_config as options
 from damcha_hf.modeling import variants
+from damcha_hf.safe_files import checkpoint_checks
 
 ATTENTION_IMPLEMENTATIONS = ("eager", "sdpa")
 
@@ -385,6 +386,24 @@ def flag_name(field: str) -> str:
 def variant_owning(field: str) -> str:
     """The `cross_head_variant` whose own field `field` is (`colmha_key_dim`: colmha)."""
     return next(name for name, variant in variants.VARIANTS.items() if field in variant.fields)
+
+
+def check_vit_init_and_variant_flags(parser: argparse.ArgumentParser, args: argparse.Namespace, *,
+                                     variant_flags: bool = True) -> None:  # fmt: skip
+    """The ViT recipes' `--init-from` (a folder whose files are whole, named before any data is read) and, where
+    `variant_flags`, their variant flags against the model `--hidden-size` and `--num-heads` build."""
+    if args.init_from:
+        if not os.path.isdir(args.init_from):
+            parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
+        checks.check_output(parser, checkpoint_checks.check_checkpoint_files, args.init_from)
+    if variant_flags:
+        check_variant_flags(
+            parser,
+            args,
+            sizes={"hidden_size": args.hidden_size, "num_attention_heads": args.num_heads},
+            size_flags={"hidden_size": "--hidden-size", "num_attention_heads": "--num-heads"},
+            checkpoint=args.init_from,
+        )
 
 
 def check_variant_flags(

@@ -105,17 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.init_from and image_size % args.patch_size:
         parser.error(f"--patch-size {args.patch_size} must divide the image size ({image_size}); pick a divisor, "
                      "or set --image-size to a multiple of it")  # fmt: skip
-    if args.init_from:
-        if not os.path.isdir(args.init_from):
-            parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
-        checks.check_output(parser, checkpoint_checks.check_checkpoint_files, args.init_from)
-    recipe_options.check_variant_flags(
-        parser,
-        args,
-        sizes={"hidden_size": args.hidden_size, "num_attention_heads": args.num_heads},
-        size_flags={"hidden_size": "--hidden-size", "num_attention_heads": "--num-heads"},
-        checkpoint=args.init_from,
-    )
+    recipe_options.check_vit_init_and_variant_flags(parser, args)
     if args.feature_classifier:
         check_feature_classifier(parser, args.feature_classifier, image_size)
     return args

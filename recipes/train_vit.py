@@ -61,18 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.model_name_or_path and not args.init_from:
         checks.check_heads_divide_width(parser, args.hidden_size, args.num_heads, width_flag="--hidden-size",
                                         heads_flag="--num-heads")  # fmt: skip
-    if args.init_from and not os.path.isdir(args.init_from):
-        parser.error(f"--init-from {args.init_from}: no such checkpoint folder")
-    if args.init_from:  # a damaged file is named now, before any data is read
-        checks.check_output(parser, checkpoint_checks.check_checkpoint_files, args.init_from)
-    if not args.model_name_or_path:  # a pretrained checkpoint's are checked with it (`check_pretrained`)
-        recipe_options.check_variant_flags(
-            parser,
-            args,
-            sizes={"hidden_size": args.hidden_size, "num_attention_heads": args.num_heads},
-            size_flags={"hidden_size": "--hidden-size", "num_attention_heads": "--num-heads"},
-            checkpoint=args.init_from,
-        )
+    # A pretrained checkpoint's variant flags are checked with it (`check_pretrained`).
+    recipe_options.check_vit_init_and_variant_flags(parser, args, variant_flags=not args.model_name_or_path)
     pretrained_model.check_pretrained(parser, args, pretrained_model.IMAGE_CLASSIFICATION,
                                       new_model_flags=NEW_MODEL_FLAGS)  # fmt: skip
     if args.model_name_or_path:

@@ -24,6 +24,11 @@ STACK_MODULE, LAYER_MODULE = "cross_head_metric", "cross_head_mixing"
 BOUND_VARIANT = "attention_variant"
 
 
+class InexactStartWarning(UserWarning):
+    """A conversion whose result no longer computes what the source did (MoA's sparse start), by the variant's design;
+    filter it by this class (`warnings.filterwarnings("ignore", category=InexactStartWarning)`)."""
+
+
 class CrossHeadVariant:
     """One attention variant. Subclasses set the class attributes and override the hooks their variant needs; the
     defaults describe plain multi-head attention (no parameters, every backend, nothing mixed)."""
@@ -84,8 +89,9 @@ class CrossHeadVariant:
 
     # --- the model's modules ----------------------------------------------------------------------------------------
 
-    def stack_module(self, config):
-        """The module one layer stack owns (`cross_head_metric`), shared by its layers; None for none."""
+    def stack_module(self, config, **layout):
+        """The module one layer stack owns (`cross_head_metric`), shared by its layers; None for none. `layout`: what
+        a family's stack has other than its config's defaults (`CrossHeadMetric.from_config`: BART's decoder)."""
         return None
 
     def layer_module(self, config):
@@ -122,7 +128,7 @@ class CrossHeadVariant:
     def attended_key(self, module, key):
         """The key the attention function gets, from `key` `(batch, heads, seq, head_dim)` as the KV cache returns it
         (the cache stores what `attention_inputs` gave). The attention core then lays the key heads side by side for a
-        query wider than the key (`metric.full_width_key`)."""
+        query wider than the key (`attention_heads.full_width_key`)."""
         return key
 
     def attended_output(self, module, output, hidden_states):
@@ -137,12 +143,9 @@ class CrossHeadVariant:
         variant whose layers record a loss makes the checkpointed function return it (MoA)."""
         return checkpoint
 
-    def clear_auxiliary_loss(self, model) -> None:
-        """Forget what `model`'s layers recorded, before a forward."""
-
-    def auxiliary_loss(self, model):
-        """The auxiliary loss of the forward that just ran, from what `model`'s layers recorded (None: nothing)."""
-        return None
+    def prepare_model(self, model) -> None:
+        """Called on each model a built model holds (a head, and the base model inside it) once its layers are built:
+        a variant whose layers record a loss registers there what reports it (MoA's forward hooks)."""
 
     # --- conversion -------------------------------------------------------------------------------------------------
 
@@ -154,9 +157,9 @@ class CrossHeadVariant:
 
 
 class ScoreMixingVariant(CrossHeadVariant):
-    """A variant that mixes the `n x n` score maps across heads (talking-heads, DCMHA): a per-layer module with
-    `dynamic_weights`, `mix_logits` and `mix_probabilities`, run by `score_mixing.score_mixing_attention` in eager
-    attention, since no fused kernel exposes the score maps. Subclasses name their module class (`mixing_class`)."""
+    """A variant that mixes the `n x n` score maps across heads (talking-heads, DCMHA): a per-layer module, a
+    `score_mixing.ScoreMixing` with `dynamic_weights`, `mix_logits` and `mix_probabilities`, run by
+    `score_mixing.score_mixing_attention` in eager attention, since no fused kernel exposes the score maps. Subclasses name their module class (`mixing_class`)."""
 
     grouped_query = False
     multi_head_only = "mixes the score maps of all query heads"

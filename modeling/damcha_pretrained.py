@@ -17,7 +17,7 @@ import os
 import warnings
 
 from torch import nn
-from transformers.utils import ModelOutput, logging
+from transformers.utils import logging
 
 from .cross_head_variant import BOUND_VARIANT, LAYER_MODULE, STACK_MODULE
 from .damcha_config import VARIANT_FIELDS as VARIANT_FIELD_NAMES
@@ -119,11 +119,6 @@ class DamchaPreTrainedMixin:
         super().__init_subclass__(**kwargs)
         if "__init__" not in cls.__dict__:
             cls.__init__ = _init_registering_base_model(cls)
-        # Every model class reports its variant's auxiliary loss (MoA's load balancing) from its own forward, the
-        # stock one it inherits included; the family's `*PreTrainedModel` has none (its subclasses' stock bases do).
-        forward = cls.forward
-        if forward is not nn.Module.forward and not getattr(forward, "reports_auxiliary_loss", False):
-            cls.forward = forward_reporting_auxiliary_loss(forward)
         # The layer stacks a container of stacks holds (BART's encoder and decoder) leave the reporting to it; marked
         # here, as a class attribute, whichever of the two classes is defined first.
         if DamchaPreTrainedMixin not in cls.__bases__:
@@ -203,8 +198,11 @@ class DamchaPreTrainedMixin:
             if type(module) in inner_classes:
                 module.__class__ = inner_classes[type(module)]
                 register_output_recording(module)
-            if isinstance(module, DamchaPreTrainedMixin):  # its forward reports the variant's auxiliary loss
-                setattr(module, BOUND_VARIANT, variant)
+            # A model of the family reports what the variant's layers record (MoA's loss), except a layer stack that
+            # a container of stacks holds (BART's encoder and decoder): `generate` keeps the encoder's output and
+            # repeats each of its tensors per beam, which a scalar loss cannot be.
+            if isinstance(module, DamchaPreTrainedMixin) and not module.damcha_stack_in_container:
+                variant.prepare_model(module)
             if getattr(type(module), "damcha_layer_stack", False):
                 layer_index = 0
                 if not hasattr(module, STACK_MODULE):
@@ -432,37 +430,3 @@ def _init_registering_base_model(cls: type):
         super(DamchaPreTrainedMixin, self).__init__(config, *args, **kwargs)
 
     return __init__
-
-
-def forward_reporting_auxiliary_loss(forward):
-    """A model class's `forward` (whose signature it keeps) that, for a variant whose layers record a loss
-    (`reports_auxiliary_loss`: MoA), reports it as the output's `aux_loss` and adds it to `loss` when there is one
-    (labels were given), as transformers' mixture-of-experts models do; so the Trainer, which reads `loss`, trains with
-    it. Any other variant calls `forward` as it is.
-
-    A model called inside another (a head's base model) reports too: it forgets only what its own layers recorded,
-    before they run again, and has no `loss` to add to, so the outer model's `loss` counts each layer once. An
-    encoder-decoder's encoder and decoder leave it to their container: `generate` keeps the encoder's output and
-    repeats each of its tensors per beam, which a scalar loss cannot be. Nothing is kept between calls but what the
-    layers record, so the forward compiles into one graph."""
-
-    @functools.wraps(forward)
-    def reporting_forward(self, *args, **kwargs):
-        # Bound when the model was built (`_adopt_stock_layers`); looked up for a model built otherwise.
-        variant = self.__dict__.get(BOUND_VARIANT) or variant_of(self.config).bind()
-        if not variant.reports_auxiliary_loss or self.damcha_stack_in_container:
-            return forward(self, *args, **kwargs)
-        as_tuple = kwargs.get("return_dict") is False
-        if as_tuple:  # the loss is added to the named output, then laid out as the stock tuple
-            kwargs["return_dict"] = True
-        variant.clear_auxiliary_loss(self)
-        output = forward(self, *args, **kwargs)
-        auxiliary_loss = variant.auxiliary_loss(self)
-        if auxiliary_loss is not None and isinstance(output, ModelOutput):
-            if output.get("loss") is not None:
-                output["loss"] = output["loss"] + auxiliary_loss.to(output["loss"].dtype)
-            output["aux_loss"] = auxiliary_loss
-        return output.to_tuple() if as_tuple and isinstance(output, ModelOutput) else output
-
-    reporting_forward.reports_auxiliary_loss = True
-    return reporting_forward

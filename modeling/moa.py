@@ -16,7 +16,7 @@ default, half the heads) each token uses `k` heads from the start: no start is e
 router: the load-balancing loss of the Switch Transformer, `E sum_i f_i P_i` (`f_i` the share of the `T k` selections
 that went to expert `i`, `P_i` the mean router probability of expert `i`; 1 when balanced), weighted by
 `moa_balance_loss_coef`, plus the router z-loss `mean_t (logsumexp_i x_t W_r)^2` weighted by `moa_z_loss_coef`. The
-model reports their mean over layers as `aux_loss` in its output and adds it to `loss` (`variant_moa.py`). Every token
+model reports their mean over layers as `aux_loss` in its output and adds it to `loss` (`report_router_losses`). Every token
 counts, padding included, as in the reference code without a skip mask.
 
 **Cost**: every head is computed and the unselected ones are gated to zero, so MoA costs what multi-head attention
@@ -29,6 +29,7 @@ Written for this project from the paper; this file imports only torch and transf
 import torch
 from torch import nn
 from transformers import initialization as init
+from transformers.utils import ModelOutput
 
 
 class HeadRouter(nn.Module):
@@ -129,6 +130,45 @@ def checkpoint_carrying_router_losses(checkpoint, layer: nn.Module):
     return checkpointed
 
 
+def report_router_losses(model: nn.Module) -> None:
+    """Make `model` (a model class: a head, or the base model inside one) report its routers' loss from its forward:
+    as the output's `aux_loss`, added to `loss` when there is one (labels were given), as transformers' mixture-of-experts
+    models do; so the Trainer, which reads `loss`, trains with it.
+
+    Forward hooks on this instance, registered once when the model is built: the model's class and its stock `forward`
+    stay as they are. A base model inside a head reports too: it forgets only what its own routers recorded, before
+    they run, and has no `loss` to add to, so the head's `loss` counts each layer once. Nothing is kept between calls but
+    what the routers record, so the forward compiles into one graph."""
+    if model.__dict__.get(_REPORTING):
+        return
+    model.register_forward_pre_hook(_forget_router_losses, with_kwargs=True)
+    model.register_forward_hook(_report_router_loss, with_kwargs=True)
+    setattr(model, _REPORTING, True)
+
+
+# Set on a model whose forward reports its routers' loss; the other, while a forward runs, when the caller asked for the
+# tuple layout (the loss is added to the named output, which is then laid out as the stock tuple).
+_REPORTING, _AS_TUPLE = "reports_router_loss", "router_loss_caller_wants_tuple"
+
+
+def _forget_router_losses(model: nn.Module, args: tuple, kwargs: dict):
+    clear_router_losses(model)
+    as_tuple = kwargs.get("return_dict") is False
+    setattr(model, _AS_TUPLE, as_tuple)
+    return (args, {**kwargs, "return_dict": True}) if as_tuple else None
+
+
+def _report_router_loss(model: nn.Module, args: tuple, kwargs: dict, output):
+    if not isinstance(output, ModelOutput):
+        return None
+    auxiliary_loss = model_router_loss(model)
+    if auxiliary_loss is not None:
+        if output.get("loss") is not None:
+            output["loss"] = output["loss"] + auxiliary_loss.to(output["loss"].dtype)
+        output["aux_loss"] = auxiliary_loss
+    return output.to_tuple() if getattr(model, _AS_TUPLE, False) else output
+
+
 def clear_router_losses(model: nn.Module) -> None:
     """Forget what `model`'s routers recorded, so that a router the next forward does not run (a PEFT wrapper's
     frozen original) is not counted."""
@@ -144,5 +184,6 @@ __all__ = [
     "gate_heads",
     "init_moa",
     "model_router_loss",
+    "report_router_losses",
     "selected_heads",
 ]

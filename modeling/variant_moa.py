@@ -8,7 +8,7 @@ The router (`HeadRouter`, zero at the start) and the losses are `moa.py`. Torch-
 import warnings
 
 from .config_rules import ConfigField, non_negative_float_rule, positive_int_rule
-from .cross_head_variant import LAYER_MODULE, CrossHeadVariant
+from .cross_head_variant import LAYER_MODULE, CrossHeadVariant, InexactStartWarning
 
 
 class MixtureOfAttentionHeads(CrossHeadVariant):
@@ -80,6 +80,7 @@ class MixtureOfAttentionHeads(CrossHeadVariant):
                 f"its {config.num_attention_heads} heads, so the converted model no longer computes what the source "
                 f"did (MoA's design: no sparse start is exact); pass `moa_top_k={config.num_attention_heads}` to start "
                 "as exactly the source.",
+                InexactStartWarning,
                 stacklevel=3,
             )
 
@@ -94,11 +95,9 @@ class MixtureOfAttentionHeads(CrossHeadVariant):
         init_moa(module, std)
 
     def bind(self) -> "MixtureOfAttentionHeads":
-        from .moa import clear_router_losses, gate_heads, model_router_loss
+        from .moa import gate_heads
 
         self.gate_heads = gate_heads
-        self.clear_router_losses = clear_router_losses
-        self.model_router_loss = model_router_loss
         return self
 
     def attended_output(self, module, output, hidden_states):
@@ -109,11 +108,10 @@ class MixtureOfAttentionHeads(CrossHeadVariant):
 
         return checkpoint_carrying_router_losses(checkpoint, layer)
 
-    def clear_auxiliary_loss(self, model) -> None:
-        self.clear_router_losses(model)
+    def prepare_model(self, model) -> None:
+        from .moa import report_router_losses
 
-    def auxiliary_loss(self, model):
-        return self.model_router_loss(model)
+        report_router_losses(model)
 
 
 VARIANT = MixtureOfAttentionHeads()

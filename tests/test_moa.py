@@ -25,6 +25,7 @@ from transformers.loss.loss_utils import ForCausalLMLoss
 
 import damcha_hf
 from damcha_hf.modeling.config_rules import DamchaConfigError
+from damcha_hf.modeling.cross_head_variant import InexactStartWarning
 from damcha_hf.modeling.moa import HeadRouter
 
 HIDDEN, HEADS, HEAD_DIM = 32, 4, 8
@@ -100,7 +101,7 @@ def test_the_paper_layout_one_shared_key_value_head_gates_the_stock_heads():
     with its output projection set to the identity, gives every head's output; MoA is their gated sum through the
     trained output projection."""
     stock = LlamaForCausalLM(tiny_llama_config(num_key_value_heads=1)).double().eval()
-    with pytest.warns(UserWarning, match="keeps 3 of its 8 heads"):
+    with pytest.warns(InexactStartWarning, match="keeps 3 of its 8 heads"):
         model = damcha_hf.convert_to_damcha(stock, cross_head_variant="moa", moa_top_k=3).eval()
     randomize_cross_head(model, scale=0.5)
     layer, stock_layer = model.model.layers[0].self_attn, stock.model.layers[0].self_attn

@@ -208,3 +208,23 @@ def test_every_damcha_model_class_takes_its_stock_classs_init_arguments():
                 continue
             assert inspect.signature(damcha.__init__) == inspect.signature(stock.__init__), damcha.__name__
     assert "use_mask_token" in inspect.signature(damcha_hf.DamchaViTModel.__init__).parameters
+
+
+def test_every_damcha_model_class_runs_its_stock_classs_forward_unwrapped():
+    """No variant wraps a model class: each DAMCHA class's `forward` is the very function of its stock class, or, for a
+    layer stack, that function handed the stack's module (`forward_with_cross_head_metric`, the same for every variant).
+    MoA's loss is reported by forward hooks on a built MoA model instead, so a model of another variant has no hook."""
+    from damcha_hf.families import FAMILIES
+
+    for family in FAMILIES:
+        for head in family.heads:
+            damcha, stock = head.model_class, head.stock_class
+            if stock is None:
+                continue
+            stack = damcha.__dict__.get("damcha_layer_stack", False)
+            forward = damcha.forward.__wrapped__ if stack else damcha.forward
+            assert forward is stock.forward, damcha.__name__
+    model = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config())
+    assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
+    moa = damcha_hf.DamchaGPT2LMHeadModel(tiny_damcha_gpt2_config(cross_head_variant="moa"))
+    assert len(moa._forward_hooks) == len(moa.transformer._forward_hooks) == 1  # the head and its base model, once

@@ -84,4 +84,15 @@ class DamchaBartConfig(DamchaConfigMixin, BartConfig):
         return cls(**{**shape, **overrides})
 
 
+# `damcha-hf info`'s presets of this family, the architecture at a published size: name -> the head it builds, the
+# config classmethod (none: the class's defaults) and its overrides, and what it is. A literal, so that `info --help`
+# reads it without importing transformers (`damcha_hf.commands.info.declared_presets`).
+INFO_PRESETS = {
+    "bart-base": {
+        "head": "DamchaBartForConditionalGeneration",
+        "config": "bart_base",
+        "about": "encoder-decoder, 6+6 layers, width 768",
+    }
+}
+
 __all__ = ["DamchaBartConfig"]

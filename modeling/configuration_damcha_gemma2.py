@@ -51,4 +51,15 @@ class DamchaGemma2Config(DamchaDecoderConfigMixin, Gemma2Config):
         return cls(**{**shape, **overrides})
 
 
+# `damcha-hf info`'s presets of this family, the architecture at a published size: name -> the head it builds, the
+# config classmethod (none: the class's defaults) and its overrides, and what it is. A literal, so that `info --help`
+# reads it without importing transformers (`damcha_hf.commands.info.declared_presets`).
+INFO_PRESETS = {
+    "gemma2-2b": {
+        "head": "DamchaGemma2ForCausalLM",
+        "config": "gemma2_2b",
+        "about": "Gemma-2-2B, GQA 8/4 heads of width 256, soft-capped, local/global",
+    }
+}
+
 __all__ = ["DamchaGemma2Config"]

@@ -18,4 +18,9 @@ class DamchaGPT2Config(DamchaConfigMixin, GPT2Config):
     model_type = "damcha_gpt2"
 
 
+# `damcha-hf info`'s presets of this family, the architecture at a published size: name -> the head it builds, the
+# config classmethod (none: the class's defaults) and its overrides, and what it is. A literal, so that `info --help`
+# reads it without importing transformers (`damcha_hf.commands.info.declared_presets`).
+INFO_PRESETS = {"gpt2-small": {"head": "DamchaGPT2Model", "about": "GPT-2 small, 12 layers, width 768"}}
+
 __all__ = ["DamchaGPT2Config"]

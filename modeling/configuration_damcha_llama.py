@@ -44,4 +44,15 @@ class DamchaLlamaConfig(DamchaDecoderConfigMixin, LlamaConfig):
         return cls(**{**shape, **overrides})
 
 
+# `damcha-hf info`'s presets of this family, the architecture at a published size: name -> the head it builds, the
+# config classmethod (none: the class's defaults) and its overrides, and what it is. A literal, so that `info --help`
+# reads it without importing transformers (`damcha_hf.commands.info.declared_presets`).
+INFO_PRESETS = {
+    "tinyllama": {
+        "head": "DamchaLlamaForCausalLM",
+        "config": "tinyllama_1_1b",
+        "about": "TinyLlama-1.1B, GQA 32/4 heads",
+    }
+}
+
 __all__ = ["DamchaLlamaConfig"]

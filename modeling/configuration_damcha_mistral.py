@@ -40,4 +40,15 @@ class DamchaMistralConfig(DamchaDecoderConfigMixin, MistralConfig):
         return cls(**{**shape, **overrides})
 
 
+# `damcha-hf info`'s presets of this family, the architecture at a published size: name -> the head it builds, the
+# config classmethod (none: the class's defaults) and its overrides, and what it is. A literal, so that `info --help`
+# reads it without importing transformers (`damcha_hf.commands.info.declared_presets`).
+INFO_PRESETS = {
+    "mistral-7b": {
+        "head": "DamchaMistralForCausalLM",
+        "config": "mistral_7b",
+        "about": "Mistral-7B-v0.1, GQA 32/8 heads, sliding window 4096",
+    }
+}
+
 __all__ = ["DamchaMistralConfig"]

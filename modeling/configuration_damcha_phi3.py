@@ -45,4 +45,15 @@ class DamchaPhi3Config(DamchaDecoderConfigMixin, Phi3Config):
         return cls(**{**shape, **overrides})
 
 
+# `damcha-hf info`'s presets of this family, the architecture at a published size: name -> the head it builds, the
+# config classmethod (none: the class's defaults) and its overrides, and what it is. A literal, so that `info --help`
+# reads it without importing transformers (`damcha_hf.commands.info.declared_presets`).
+INFO_PRESETS = {
+    "phi3-mini-4k": {
+        "head": "DamchaPhi3ForCausalLM",
+        "config": "phi3_mini_4k",
+        "about": "Phi-3-mini-4k, 32 heads, fused qkv, sliding window 2047",
+    }
+}
+
 __all__ = ["DamchaPhi3Config"]

@@ -45,4 +45,15 @@ class DamchaQwen2Config(DamchaDecoderConfigMixin, Qwen2Config):
         return cls(**{**shape, **overrides})
 
 
+# `damcha-hf info`'s presets of this family, the architecture at a published size: name -> the head it builds, the
+# config classmethod (none: the class's defaults) and its overrides, and what it is. A literal, so that `info --help`
+# reads it without importing transformers (`damcha_hf.commands.info.declared_presets`).
+INFO_PRESETS = {
+    "qwen2.5-0.5b": {
+        "head": "DamchaQwen2ForCausalLM",
+        "config": "qwen2_5_0_5b",
+        "about": "Qwen2.5-0.5B, GQA 14/2 heads, q/k/v biases",
+    }
+}
+
 __all__ = ["DamchaQwen2Config"]

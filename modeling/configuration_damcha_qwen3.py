@@ -47,4 +47,15 @@ class DamchaQwen3Config(DamchaDecoderConfigMixin, Qwen3Config):
         return cls(**{**shape, **overrides})
 
 
+# `damcha-hf info`'s presets of this family, the architecture at a published size: name -> the head it builds, the
+# config classmethod (none: the class's defaults) and its overrides, and what it is. A literal, so that `info --help`
+# reads it without importing transformers (`damcha_hf.commands.info.declared_presets`).
+INFO_PRESETS = {
+    "qwen3-0.6b": {
+        "head": "DamchaQwen3ForCausalLM",
+        "config": "qwen3_0_6b",
+        "about": "Qwen3-0.6B, GQA 16/8 heads of width 128, q/k norms",
+    }
+}
+
 __all__ = ["DamchaQwen3Config"]

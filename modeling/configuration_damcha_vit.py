@@ -73,4 +73,16 @@ class DamchaViTConfig(DamchaConfigMixin, ViTConfig):
         return cls(**{**shape, **overrides})
 
 
+# `damcha-hf info`'s presets of this family, the architecture at a published size: name -> the head it builds, the
+# config classmethod (none: the class's defaults) and its overrides, and what it is. A literal, so that `info --help`
+# reads it without importing transformers (`damcha_hf.commands.info.declared_presets`).
+INFO_PRESETS = {
+    "vit-small": {
+        "head": "DamchaViTForImageClassification",
+        "config": "vit_small_patch16_224",
+        "overrides": {"num_labels": 1000},
+        "about": "ViT-S/16, 224px, 1000 classes",
+    }
+}
+
 __all__ = ["DamchaViTConfig"]

@@ -8,8 +8,10 @@ a model file ending in its declaration, one line in `damcha_hf/families.py`, and
 Part of the remote-code payload: imports only the standard library.
 """
 
+import functools
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,9 @@ class DamchaFamily:
         task_head_modules: modules a new task must train in full beside LoRA (a fresh classifier).
         architecture_options: stock model -> constructor keyword arguments that decide which weights exist (ViT's
             pooler and mask token), so the converted model has exactly the source's weights.
-        presets: name -> (head class, config factory) for `damcha-hf info` (the architecture at a real size).
+
+    `damcha-hf info`'s presets (the architecture at a published size) are declared beside the config, as
+    `INFO_PRESETS` of its module, and read here (`presets`).
     """
 
     model_type: str
@@ -61,7 +65,17 @@ class DamchaFamily:
     lora_fan_in_fan_out: bool = False
     task_head_modules: tuple[str, ...] = ()
     architecture_options: Callable[[object], dict] = no_architecture_options
-    presets: dict[str, tuple[type, Callable[..., object]]] = field(default_factory=dict)
+
+    @property
+    def presets(self) -> dict[str, tuple[type, Callable[..., object]]]:
+        """`damcha-hf info`'s presets: name -> (head class, config factory), from the config module's `INFO_PRESETS`."""
+        declared = getattr(sys.modules[self.config_class.__module__], "INFO_PRESETS", {})
+        heads = {head.model_class.__name__: head.model_class for head in self.heads}
+        presets = {}
+        for name, preset in declared.items():
+            factory = getattr(self.config_class, preset["config"]) if "config" in preset else self.config_class
+            presets[name] = (heads[preset["head"]], functools.partial(factory, **preset.get("overrides", {})))
+        return presets
 
     @property
     def causal(self) -> bool:

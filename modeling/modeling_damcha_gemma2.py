@@ -82,7 +82,6 @@ DAMCHA_FAMILY = DamchaFamily(
     ),
     vision=False,
     lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    presets={"gemma2-2b": (DamchaGemma2ForCausalLM, DamchaGemma2Config.gemma2_2b)},
 )
 
 __all__ = DAMCHA_FAMILY.exports(DamchaGemma2PreTrainedModel)

@@ -92,7 +92,6 @@ DAMCHA_FAMILY = DamchaFamily(
     ),
     vision=False,
     lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    presets={"tinyllama": (DamchaLlamaForCausalLM, DamchaLlamaConfig.tinyllama_1_1b)},
 )
 
 __all__ = DAMCHA_FAMILY.exports(DamchaLlamaPreTrainedModel)

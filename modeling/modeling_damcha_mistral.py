@@ -86,7 +86,6 @@ DAMCHA_FAMILY = DamchaFamily(
     ),
     vision=False,
     lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    presets={"mistral-7b": (DamchaMistralForCausalLM, DamchaMistralConfig.mistral_7b)},
 )
 
 __all__ = DAMCHA_FAMILY.exports(DamchaMistralPreTrainedModel)

@@ -87,7 +87,6 @@ DAMCHA_FAMILY = DamchaFamily(
     ),
     vision=False,
     lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    presets={"qwen2.5-0.5b": (DamchaQwen2ForCausalLM, DamchaQwen2Config.qwen2_5_0_5b)},
 )
 
 __all__ = DAMCHA_FAMILY.exports(DamchaQwen2PreTrainedModel)

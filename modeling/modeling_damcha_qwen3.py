@@ -94,7 +94,6 @@ DAMCHA_FAMILY = DamchaFamily(
     ),
     vision=False,
     lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    presets={"qwen3-0.6b": (DamchaQwen3ForCausalLM, DamchaQwen3Config.qwen3_0_6b)},
 )
 
 __all__ = DAMCHA_FAMILY.exports(DamchaQwen3PreTrainedModel)

@@ -4,6 +4,7 @@ text it needs), help shows every default, `info` names the saved class and never
 import json
 import re
 import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -146,13 +147,20 @@ def test_info_names_the_saved_class_and_never_waits_for_the_network(tmp_path, ca
         cli_main(["info", "gpt2"])
     assert exit_info.value.code == 2 and time.perf_counter() - started < 30  # no network wait
     error = capsys.readouterr().err
-    from damcha_hf.commands.info import PRESETS
-    from damcha_hf.families import presets
+    from damcha_hf.commands.info import PRESET_DESCRIPTIONS, PRESETS
+    from damcha_hf.families import FAMILIES, presets
 
-    assert "offline" in error and f"(gpt2-small, tinyllama, vit-small, bart-base, {', '.join(PRESETS[4:])})" in error
+    assert "offline" in error and f"({', '.join(PRESETS)})" in error
+    assert PRESETS[0] == "gpt2-small" and {"tinyllama", "vit-small", "bart-base"} <= set(PRESETS)
     # Only the families' presets count as presets (words of their descriptions once did: `info GQA` went to the Hub).
 
     assert set(PRESETS) == set(presets())
+    # The descriptions `--help` reads from the source are those the family declares beside its config.
+    for family in FAMILIES:
+        declared = sys.modules[family.config_class.__module__].__dict__.get("INFO_PRESETS", {})
+        assert declared.keys() == family.presets.keys()
+        assert all(PRESET_DESCRIPTIONS[name] == preset["about"] for name, preset in declared.items())
+    assert presets()["vit-small"][1]().num_labels == 1000  # the declared overrides reach the config
     for word in ("GQA", "224px"):
         with pytest.raises(SystemExit):
             cli_main(["info", word])

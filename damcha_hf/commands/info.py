@@ -1,26 +1,43 @@
 """`damcha-hf info`: the DAMCHA settings and the generator's share of parameters for a config or checkpoint."""
 
 import argparse
+import ast
+import importlib.util
 import os
+import pkgutil
 
 from damcha_hf.argument_checks import HelpFormatter
 from damcha_hf.modeling.variants import CROSS_HEAD_VARIANTS, DEFAULT_VARIANT, VARIANTS
 
-# The presets every family declares (`DamchaFamily.presets`), listed here without importing torch for `--help`.
-PRESET_DESCRIPTIONS = {
-    "gpt2-small": "(default)",
-    "tinyllama": "(TinyLlama-1.1B, GQA 32/4 heads)",
-    "vit-small": "(ViT-S/16, 224px, 1000 classes)",
-    "bart-base": "(encoder-decoder, 6+6 layers, width 768)",
-    "mistral-7b": "(Mistral-7B-v0.1, GQA 32/8 heads, sliding window 4096)",
-    "qwen2.5-0.5b": "(Qwen2.5-0.5B, GQA 14/2 heads, q/k/v biases)",
-    "qwen3-0.6b": "(Qwen3-0.6B, GQA 16/8 heads of width 128, q/k norms)",
-    "phi3-mini-4k": "(Phi-3-mini-4k, 32 heads, fused qkv, sliding window 2047)",
-    "gemma2-2b": "(Gemma-2-2B, GQA 8/4 heads of width 256, soft-capped, local/global)",
-}
+DEFAULT_PRESET = "gpt2-small"
+
+
+def declared_presets() -> dict[str, str]:
+    """Every family's presets, name -> what it is, the default first: the `INFO_PRESETS` literal of each
+    `configuration_damcha_*` module (`DamchaFamily.presets` builds them), read from the source so that `--help` imports
+    neither torch nor transformers."""
+    from damcha_hf import modeling
+    from damcha_hf.registration import CONFIG_MODULE_PREFIX
+
+    declared = {}
+    for module_info in sorted(pkgutil.iter_modules(modeling.__path__), key=lambda info: info.name):
+        if not module_info.name.startswith(CONFIG_MODULE_PREFIX):
+            continue
+        origin = importlib.util.find_spec(f"{modeling.__name__}.{module_info.name}").origin
+        with open(origin, encoding="utf-8") as source:
+            tree = ast.parse(source.read(), filename=origin)
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(
+                getattr(target, "id", None) == "INFO_PRESETS" for target in node.targets
+            ):
+                declared.update({name: preset["about"] for name, preset in ast.literal_eval(node.value).items()})
+    return {DEFAULT_PRESET: declared.pop(DEFAULT_PRESET), **declared}
+
+
+PRESET_DESCRIPTIONS = declared_presets()
 PRESETS = tuple(PRESET_DESCRIPTIONS)
 LABEL_WIDTH = 20  # the narrowest label column
-PRESET_HELP = ", ".join(f"{name} {description}" for name, description in PRESET_DESCRIPTIONS.items())
+PRESET_HELP = ", ".join(f"{name} ({description})" for name, description in PRESET_DESCRIPTIONS.items())
 
 
 def model_argument(text: str) -> str:
@@ -46,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "model",
         nargs="?",
-        default="gpt2-small",
+        default=DEFAULT_PRESET,
         type=model_argument,
         help=f"a checkpoint folder, or a preset: {PRESET_HELP}",
     )

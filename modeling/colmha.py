@@ -72,7 +72,7 @@ class CollaborativeMixing(nn.Module):
     def shared_key(self, key: torch.Tensor) -> torch.Tensor:
         """`key` `(b, H, s, d_h)` as the cache holds it -> the compressed shared key `K B` `(b, H, s, D~)` (one key,
         broadcast to the heads: a view). Uncompressed, `key` is returned as it is: the attention core lays the heads
-        side by side for a query wider than the key (`metric.full_width_key`)."""
+        side by side for a query wider than the key (`attention_heads.full_width_key`)."""
         if self.key_compression is None:
             return key
         shared = key.transpose(1, 2).flatten(-2) @ self.key_compression.to(key.dtype)

@@ -11,7 +11,9 @@ import contextlib
 import dataclasses
 import difflib
 import functools
+import inspect
 import logging
+import os
 import textwrap
 from dataclasses import dataclass
 from typing import ClassVar
@@ -234,6 +236,41 @@ class DamchaConfigMixin:
         }
         for name in sorted(names):
             getattr(self, name)()
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        saved = super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        self._keep_only_the_saved_code(save_directory)
+        return saved
+
+    def _upload_modified_files(self, working_dir, *args, **kwargs):
+        # `save_pretrained(..., push_to_hub=True)` uploads from inside transformers' save: reduce the code first.
+        self._keep_only_the_saved_code(working_dir)
+        return super()._upload_modified_files(working_dir, *args, **kwargs)
+
+    def _keep_only_the_saved_code(self, folder) -> None:
+        """A config registered for remote code copies its file and every file it imports, the registry of every
+        variant included: leave only the code of its variant and plain attention (`checkpoint_code.py`), as a model's
+        save does. Reduced for every entry `auto_map` names, so that inside a model's save (which writes the config
+        with the whole family's `auto_map`) the model's files stay."""
+        if getattr(self, "_auto_class", None) is None or not os.path.isdir(folder):
+            return
+        from .checkpoint_code import keep_only_the_saved_code
+        from .variants import PLUGIN_VARIANTS
+
+        package = DamchaConfigMixin.__module__.rpartition(".")[0]
+        defining_class = next(cls for cls in type(self).__mro__ if cls.__module__.rpartition(".")[0] == package)
+        kept_variants = (variant_of(self), VARIANTS["none"])
+        keep_only_the_saved_code(
+            folder,
+            code_folder=os.path.dirname(inspect.getfile(defining_class)),
+            entry_modules={
+                reference.rpartition(".")[0]
+                for reference in (getattr(self, "auto_map", None) or {}).values()
+                if isinstance(reference, str) and "--" not in reference
+            },
+            kept_variant_modules={type(variant).__module__.rpartition(".")[2] for variant in kept_variants},
+            plugin_variants=PLUGIN_VARIANTS,
+        )
 
     @classmethod
     def stock_model_type(cls) -> str:

@@ -45,13 +45,15 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
+from .score_mixing import ScoreMixing
+
 # The four dynamic branches, in the order their weights are laid out in the parameters.
 BRANCHES = ("pre_query", "pre_key", "post_query", "post_key")
 PRE_SOFTMAX, POST_SOFTMAX = 0, 1
 RMS_NORM_EPS = 1e-6
 
 
-class DynamicHeadComposition(nn.Module):
+class DynamicHeadComposition(ScoreMixing, nn.Module):
     """The Compose function of one DCMHA layer: its static base, the dynamic-weight projections, and the composition."""
 
     def __init__(self, hidden_size: int, num_heads: int, rank: int, dynamic_hidden_size: int | None = None):

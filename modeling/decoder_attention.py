@@ -21,12 +21,13 @@ Part of the remote-code payload: imports only torch, transformers and its siblin
 """
 
 import torch
+from torch import nn
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .attention_heads import project_heads
 from .damcha_pretrained import DamchaAttentionMixin
 from .dispatch import cross_head_attention_inputs, cross_head_attention_output
-from .metric import CrossHeadMetric, project_heads
 
 
 class DamchaDecoderAttentionMixin(DamchaAttentionMixin):
@@ -57,7 +58,7 @@ class DamchaDecoderAttentionMixin(DamchaAttentionMixin):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
-        cross_head_metric: CrossHeadMetric | None = None,
+        cross_head_metric: nn.Module | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -16,9 +16,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .attention_heads import full_width_key, project_heads
 from .cross_head_variant import ALL_BACKENDS, BOUND_VARIANT, CrossHeadVariant
-from .metric import full_width_key, project_heads
-from .score_mixing import score_mixing_attention_inputs
 from .transformers_releases import SourceKeyCache, self_attention_cache
 from .variants import variant_of
 
@@ -191,8 +190,10 @@ def cross_head_attention_inputs(
         attn_implementation=attn_implementation,
     )  # fmt: skip
     if mixing is not None:
-        return score_mixing_attention_inputs(
-            module, hidden_states, query, key, value, mixing=mixing, cache=cache, key_states=key_states, **kwargs
+        if attn_implementation not in (None, "eager"):  # set on a built model, past the model's own check
+            raise ValueError(variant.backend_refusal(module.config, attn_implementation))
+        return mixing.score_mixing_inputs(
+            module, hidden_states, query, key, value, cache=cache, key_states=key_states, **kwargs
         )
     if cache is not None:
         key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)

@@ -61,8 +61,10 @@ is copied next to the weights of a saved checkpoint (remote code).
 import torch
 from torch import nn
 
+from .attention_heads import project_heads
 from .autograd import RecomputedGeneratorMLP, SequenceMixedKeyProjection, TokenMixedKeyProjection
 from .metric_choices import METRIC_CONTEXTS, METRIC_MASKS
+from .score_mixing import ScoreMixing
 
 
 class MetricOutputLayer(nn.Linear):
@@ -194,16 +196,25 @@ class CrossHeadMetric(nn.Module):
         self._identities: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     @classmethod
-    def from_config(cls, config) -> "CrossHeadMetric":
+    def from_config(
+        cls, config, heads: int | None = None, layer_generators: tuple[int, ...] | None = None
+    ) -> "CrossHeadMetric":
         """`C` is `H x H` for multi-head attention; with grouped-query attention it is `H_kv x H_kv`, or `H x H_kv`
         for `metric_context="query"` (see "Grouped-query attention" in this file's docstring). The `"scores"` form
-        mixes the score maps of the `H` query heads: `H x H`."""
+        mixes the score maps of the `H` query heads: `H x H`.
+
+        A family whose stack differs from its config's defaults says so: `heads`, the stack's head count (BART's
+        decoder, whose config's `num_attention_heads` is the encoder's), and `layer_generators`, the generator each of
+        the stack's attention layers uses (BART's decoder: its self- and its cross-attention layers)."""
         num_generators = config.num_hidden_layers if config.metric_sharing == "layer" else 1
-        heads, input_norm = config.num_attention_heads, config.metric_input_norm
+        if layer_generators is not None:
+            num_generators = len(set(layer_generators))
+        heads, input_norm = heads or config.num_attention_heads, config.metric_input_norm
         if config.metric_form == "scores":
             return cls(
-                config.hidden_size, heads, config.metric_hidden_size, num_generators, heads, input_norm=input_norm
-            )
+                config.hidden_size, heads, config.metric_hidden_size, num_generators, heads, input_norm=input_norm,
+                layer_generators=layer_generators,
+            )  # fmt: skip
         num_key_value_heads = getattr(config, "num_key_value_heads", None) or heads
         rows = heads if config.metric_context == "query" else num_key_value_heads
         return cls(
@@ -213,6 +224,7 @@ class CrossHeadMetric(nn.Module):
             num_generators,
             num_key_value_heads,
             input_norm=input_norm,
+            layer_generators=layer_generators,
         )
 
     def forward(self, z: torch.Tensor, layer_idx: int = 0, metric_mask: str = "full") -> torch.Tensor:
@@ -359,25 +371,6 @@ def masked_mean(hidden_states: torch.Tensor, token_mask: torch.Tensor | None) ->
     return (hidden_states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
 
 
-def attended_tokens(attention_mask: torch.Tensor) -> torch.Tensor:
-    """`(batch, seq)` bool, True for the tokens `attention_mask` lets any query attend to: the `token_mask` of
-    `"sequence"`.
-
-    Takes the forms the models accept: `(batch, seq)` with 1 for real tokens and 0 for padding, or a 4D
-    `(batch, 1 or heads, queries, keys)` mask, boolean (True = attend) or additive float (0 = attend).
-    """
-    if attention_mask.dim() == 2:
-        return attention_mask.bool()
-    if attention_mask.dim() == 4:
-        if attention_mask.dtype != torch.bool:
-            attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
-        return attention_mask.any(dim=1).any(dim=1)
-    raise ValueError(
-        f"`attention_mask` must be (batch, seq) with 1 for real tokens and 0 for padding (or a 4D attention mask), got "
-        f"shape {tuple(attention_mask.shape)}."
-    )
-
-
 def mix_keys_per_token(cross_head: torch.Tensor, key: torch.Tensor, compact_saved_key: bool = False) -> torch.Tensor:
     """`K~_i[s] = sum_j C_ij[s] K_j[s]` for `C` (b, s, H, H) and `key` (b, H, s, d_h): one `bmm` over the tokens.
 
@@ -406,16 +399,6 @@ def mix_keys_per_sequence(cross_head: torch.Tensor, key: torch.Tensor) -> torch.
     return (cross_head @ key.flatten(2)).view_as(key)
 
 
-def split_heads(states: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """`(b, s, H * d_h)` as the `(b, H, s, d_h)` view the attention functions take."""
-    return states.view(*states.shape[:-1], -1, head_dim).transpose(1, 2)
-
-
-def project_heads(projection: nn.Module, hidden_states: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """`projection(hidden_states)` split into heads (`split_heads`)."""
-    return split_heads(projection(hidden_states), head_dim)
-
-
 def projected_mixed_key(
     cross_head: torch.Tensor, key_projection: nn.Module, hidden_states: torch.Tensor, head_dim: int
 ) -> torch.Tensor:
@@ -439,22 +422,7 @@ def projected_mixed_key(
     return mix_keys_per_token(cross_head, key) if per_token else mix_keys_per_sequence(cross_head, key)
 
 
-def full_width_key(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """The key the attention function gets for `query`.
-
-    For `"query"`, the expanded query `(b, H, t, H_kv * d_h)` scores against the keys of every key/value head laid
-    side by side: `key` `(b, H_kv, s, d_h)` (as the cache returns it) becomes `(b, 1, s, H_kv * d_h)`, broadcast
-    (a view, no copy) to the `H_kv` key heads; the attention functions repeat keys and values alike to the query
-    heads for grouped queries. Any other query has the key's own width and gets `key` unchanged.
-    """
-    if query.shape[-1] == key.shape[-1]:
-        return key
-    batch, kv_heads, seq, head_dim = key.shape
-    shared = key.transpose(1, 2).reshape(batch, 1, seq, kv_heads * head_dim)
-    return shared.expand(-1, kv_heads, -1, -1)
-
-
-class MetricScoreMixing:
+class MetricScoreMixing(ScoreMixing):
     """The `"scores"` form of the metric as a score-mixing step for `score_mixing.score_mixing_attention`:
     head `i`'s logits are `sum_j C_ij(z) (Q_j K_j^T / sqrt(d_h))`, the probabilities are left as they are.
 

@@ -32,12 +32,13 @@ from transformers.models.bart.modeling_bart import (
     eager_attention_forward,
 )
 
+from .attention_heads import attended_tokens, project_heads
 from .configuration_damcha_bart import DamchaBartConfig
 from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaAttentionMixin, DamchaPreTrainedMixin, forward_with_cross_head_metric
 from .dispatch import cross_head_attention_inputs, cross_head_attention_output
-from .metric import CrossHeadMetric, attended_tokens, project_heads
 from .transformers_releases import cross_attention_source_cached
+from .variants import variant_of
 
 
 def is_cross_attention_layer(module: nn.Module) -> bool:
@@ -70,7 +71,7 @@ class DamchaBartAttention(DamchaAttentionMixin, BartAttention):
         key_value_states: torch.Tensor | None = None,
         cache: Cache | None = None,
         attention_mask: torch.Tensor | None = None,
-        cross_head_metric: CrossHeadMetric | None = None,
+        cross_head_metric: nn.Module | None = None,
         token_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
@@ -140,18 +141,16 @@ class DamchaBartDecoder(DamchaBartPreTrainedModel, BartDecoder):
     forward = forward_with_cross_head_metric(BartDecoder.forward)
 
     @classmethod
-    def stack_cross_head_metric(cls, config) -> CrossHeadMetric | None:
-        if config.cross_head_variant != "damcha":
-            return None
+    def stack_cross_head_metric(cls, config) -> nn.Module | None:
+        # The decoder's cross-attention layers get generators of their own (`cross_attention_metric="own"`) after the
+        # self-attention ones, or share them.
         layers = config.decoder_layers
         self_attention = list(range(layers)) if config.metric_sharing == "layer" else [0] * layers
         own = config.cross_attention_metric == "own"
         cross_attention = [index + max(self_attention) + 1 for index in self_attention] if own else self_attention
-        heads = config.decoder_attention_heads
-        generators = len(set(self_attention + cross_attention))
-        return CrossHeadMetric(config.d_model, heads, config.metric_hidden_size, generators, heads,
-                               layer_generators=tuple(self_attention + cross_attention),
-                               input_norm=config.metric_input_norm)  # fmt: skip
+        return variant_of(config).stack_module(
+            config, heads=config.decoder_attention_heads, layer_generators=tuple(self_attention + cross_attention)
+        )
 
 
 class DamchaBartModel(DamchaBartPreTrainedModel, BartModel):
@@ -203,7 +202,6 @@ DAMCHA_FAMILY = DamchaFamily(
     vision=False,
     encoder_decoder=True,
     lora_target_modules=("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"),
-    presets={"bart-base": (DamchaBartForConditionalGeneration, DamchaBartConfig.bart_base)},
 )
 
 __all__ = DAMCHA_FAMILY.exports(DamchaBartPreTrainedModel)

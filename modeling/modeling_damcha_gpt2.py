@@ -10,6 +10,7 @@ transformers 5.24 and `cache` after, `ALL_ATTENTION_FUNCTIONS`, output recording
 """
 
 import torch
+from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -29,7 +30,6 @@ from .configuration_damcha_gpt2 import DamchaGPT2Config
 from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaAttentionMixin, DamchaPreTrainedMixin, forward_with_cross_head_metric
 from .dispatch import cross_head_attention_inputs, cross_head_attention_output
-from .metric import CrossHeadMetric
 
 
 def upcast_and_reordered_attention(module, query, key, value, attention_mask, **kwargs):
@@ -56,7 +56,7 @@ class DamchaGPT2Attention(DamchaAttentionMixin, GPT2Attention):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         output_attentions: bool | None = False,
-        cross_head_metric: CrossHeadMetric | None = None,
+        cross_head_metric: nn.Module | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -191,7 +191,6 @@ DAMCHA_FAMILY = DamchaFamily(
     vision=False,
     lora_target_modules=("c_attn", "c_proj", "c_fc"),
     lora_fan_in_fan_out=True,  # GPT-2's projections are Conv1D (weight stored transposed)
-    presets={"gpt2-small": (DamchaGPT2Model, DamchaGPT2Config)},
 )
 
 __all__ = DAMCHA_FAMILY.exports(DamchaGPT2PreTrainedModel)

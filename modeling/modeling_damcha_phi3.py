@@ -18,11 +18,11 @@ from transformers.models.phi3.modeling_phi3 import (
     eager_attention_forward,
 )
 
+from .attention_heads import split_heads
 from .configuration_damcha_phi3 import DamchaPhi3Config
 from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaPreTrainedMixin, forward_with_cross_head_metric
 from .decoder_attention import DamchaDecoderAttentionMixin
-from .metric import split_heads
 
 
 class DamchaPhi3Attention(DamchaDecoderAttentionMixin, Phi3Attention):
@@ -90,7 +90,6 @@ DAMCHA_FAMILY = DamchaFamily(
     vision=False,
     # Phi-3 fuses the query, key and value projections (`qkv_proj`) and the MLP's gate and up projections.
     lora_target_modules=("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
-    presets={"phi3-mini-4k": (DamchaPhi3ForCausalLM, DamchaPhi3Config.phi3_mini_4k)},
 )
 
 __all__ = DAMCHA_FAMILY.exports(DamchaPhi3PreTrainedModel)

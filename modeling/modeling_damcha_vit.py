@@ -12,6 +12,7 @@ checkpoint conversion mapping).
 import functools
 
 import torch
+from torch import nn
 from transformers.conversion_mapping import (
     get_checkpoint_conversion_mapping,
     register_checkpoint_conversion_mapping,
@@ -26,11 +27,11 @@ from transformers.models.vit.modeling_vit import (
     eager_attention_forward,
 )
 
+from .attention_heads import attended_tokens, project_heads
 from .configuration_damcha_vit import DamchaViTConfig, _pair
 from .damcha_family import DamchaFamily, DamchaHead
 from .damcha_pretrained import DamchaAttentionMixin, DamchaPreTrainedMixin
 from .dispatch import cross_head_attention_inputs, cross_head_attention_output
-from .metric import CrossHeadMetric, attended_tokens, project_heads
 
 
 class DamchaViTAttention(DamchaAttentionMixin, ViTAttention):
@@ -43,7 +44,7 @@ class DamchaViTAttention(DamchaAttentionMixin, ViTAttention):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        cross_head_metric: CrossHeadMetric | None = None,
+        cross_head_metric: nn.Module | None = None,
         token_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -171,11 +172,6 @@ def vit_architecture_options(model) -> dict:
     return {}
 
 
-def vit_small_imagenet_config(**overrides) -> DamchaViTConfig:
-    # The paper's ImageNet-1K shape, with its 1000-class head, so that `info` gives the share of the model it trains.
-    return DamchaViTConfig.vit_small_patch16_224(**{"num_labels": 1000, **overrides})
-
-
 DAMCHA_FAMILY = DamchaFamily(
     model_type="vit",
     display_name="ViT",
@@ -199,7 +195,6 @@ DAMCHA_FAMILY = DamchaFamily(
     lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2"),
     task_head_modules=("classifier",),  # a new dataset's classifier starts fresh: train it in full
     architecture_options=vit_architecture_options,
-    presets={"vit-small": (DamchaViTForImageClassification, vit_small_imagenet_config)},
 )
 
 

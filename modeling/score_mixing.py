@@ -11,8 +11,6 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .variants import variant_of
-
 
 def score_mixing_attention(
     module: nn.Module,
@@ -73,9 +71,6 @@ def score_mixing_attention_inputs(
     stores them per position with the keys and any cache class carries them. `key_states=None`: `key` and `value`
     come from the cache as it stored them (a cross-attention layer's source), weights included.
     """
-    config = module.config
-    if config._attn_implementation not in (None, "eager"):  # set on a built model, past the model's own check
-        raise ValueError(variant_of(config).backend_refusal(config, config._attn_implementation))
     query_weights, key_weights = mixing.dynamic_weights(hidden_states, key_states)
     if key_weights is not None:
         key = torch.cat([key, key_weights.to(key.dtype)], dim=-1)
@@ -115,3 +110,15 @@ def score_mixing_attention_function(
         dropout=dropout,
         softcap=softcap,
     )
+
+
+class ScoreMixing:
+    """Mixed into each module that mixes score maps (`TalkingHeadsMixing`, `DynamicHeadComposition`, DAMCHA's
+    `MetricScoreMixing`): the attention core hands it the layer's projections and it returns what the layer's one
+    attention call runs (`score_mixing_attention_inputs`), so that only a checkpoint whose variant mixes score maps
+    carries this file."""
+
+    def score_mixing_inputs(self, module, hidden_states, query, key, value, *, cache=None, key_states, **kwargs):
+        return score_mixing_attention_inputs(
+            module, hidden_states, query, key, value, mixing=self, cache=cache, key_states=key_states, **kwargs
+        )

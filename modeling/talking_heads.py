@@ -25,8 +25,10 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
+from .score_mixing import ScoreMixing
 
-class TalkingHeadsMixing(nn.Module):
+
+class TalkingHeadsMixing(ScoreMixing, nn.Module):
     """The two `H x H` head-mixing matrices of one talking-heads attention layer (identity at init)."""
 
     def __init__(self, num_heads: int):

@@ -114,10 +114,10 @@ class Damcha(CrossHeadVariant):
 
     # --- the model's modules ----------------------------------------------------------------------------------------
 
-    def stack_module(self, config):
+    def stack_module(self, config, **layout):
         from .metric import CrossHeadMetric
 
-        return CrossHeadMetric.from_config(config)
+        return CrossHeadMetric.from_config(config, **layout)
 
     def init_weights(self, module, std: float) -> None:
         from .metric import init_metric_generator

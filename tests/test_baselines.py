@@ -179,7 +179,8 @@ def test_dcmha_checkpoint_loads_as_remote_code_without_the_plugin(tmp_path):
     model = variant_lm("dcmha")
     folder = tmp_path / "checkpoint"
     model.save_pretrained(folder)
-    assert {"variant_dcmha.py", "dcmha.py", "metric.py"} <= {path.name for path in folder.glob("*.py")}
+    shipped = {path.name for path in folder.glob("*.py")}
+    assert {"variant_dcmha.py", "dcmha.py", "score_mixing.py"} <= shipped and "metric.py" not in shipped
     inputs = {"input_ids": tiny_token_ids(seq=9, lowest=1)}
     with torch.no_grad():
         expected = model(**inputs).logits

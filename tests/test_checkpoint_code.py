@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import REPO_ROOT, denoiser, load_checkpoints_in_fresh_process
+from conftest import REPO_ROOT, denoiser, load_checkpoints_in_fresh_process, tiny_damcha_gpt2_config
 from family_cases import CASES, first_output, trained_model
 from shipped_code import MODELING, expected_code, variant_module
 
@@ -24,10 +24,10 @@ from damcha_hf.modeling.variants import CROSS_HEAD_VARIANTS, VARIANTS
 # checkpoint carried its own code only: 24 files for GPT-2 and 25 for Llama, whatever the variant). The sets themselves
 # are derived from the import graph below; these counts say how big they are, and change only with that graph.
 FAMILY_FILE_COUNTS = {
-    "gpt2": 17, "llama": 18, "vit": 17, "bart": 17, "mistral": 18, "qwen2": 18, "qwen3": 18, "phi3": 18,
-    "gemma2": 18, "vit_denoiser": 19,
+    "gpt2": 18, "llama": 19, "vit": 18, "bart": 18, "mistral": 19, "qwen2": 19, "qwen3": 19, "phi3": 19,
+    "gemma2": 19, "vit_denoiser": 20,
 }  # fmt: skip
-GPT2_VARIANT_FILE_COUNTS = {"damcha": 17, "talking_heads": 18, "dcmha": 18, "colmha": 18, "moa": 18, "none": 16}
+GPT2_VARIANT_FILE_COUNTS = {"damcha": 18, "talking_heads": 17, "dcmha": 17, "colmha": 16, "moa": 16, "none": 14}
 
 
 def python_files(folder: Path) -> set[str]:
@@ -202,6 +202,33 @@ def test_a_checkpoint_refuses_a_variant_whose_code_it_does_not_carry_and_saves_a
     assert "unknown `cross_head_variant` 'damhca'" in report["misspelt"]  # a misspelling is still called one
     assert report["resaved_files"] == sorted(python_files(tmp_path / "moa"))
     assert report["resaved_variant"] == "moa"
+
+
+CONFIG_WITHOUT_THE_PLUGIN = textwrap.dedent(
+    """
+    import json, sys
+
+    sys.modules["damcha_hf"] = None
+    sys.path = [entry for entry in sys.path if entry.rstrip("/") not in ("", {repo_root!r})]
+
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(sys.argv[1], trust_remote_code=True)
+    print(json.dumps({{"class": type(config).__name__, "variant": config.cross_head_variant,
+                      "moa_top_k": config.moa_top_k}}))
+    """
+)
+
+
+@pytest.mark.parametrize("variant", ["damcha", "moa"])
+def test_a_config_saved_alone_ships_only_its_variant_s_code_and_loads_without_the_plugin(variant, tmp_path):
+    config = tiny_damcha_gpt2_config(cross_head_variant=variant, moa_top_k=2)
+    config.save_pretrained(tmp_path / "config")
+    shipped = python_files(tmp_path / "config")
+    assert shipped == expected_code(entry_modules(tmp_path / "config"), variant)
+    assert shipped < expected_code(entry_modules(tmp_path / "config"), None)  # not every variant's
+    report = run_without_the_plugin(CONFIG_WITHOUT_THE_PLUGIN, [str(tmp_path / "config")], tmp_path / "fresh")
+    assert report == {"class": type(config).__name__, "variant": variant, "moa_top_k": 2}
 
 
 # --- checkpoints that carry every variant's code ----------------------------------------------------------------------

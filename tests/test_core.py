@@ -7,12 +7,8 @@ import torch
 from attention_oracle import oracle_cross_head
 from torch.nn import functional as F
 
-from damcha_hf.modeling.metric import (
-    CrossHeadMetric,
-    cross_head_query_key,
-    exact_gelu,
-    full_width_key,
-)
+from damcha_hf.modeling.attention_heads import full_width_key
+from damcha_hf.modeling.metric import CrossHeadMetric, cross_head_query_key, exact_gelu
 
 BATCH, SEQ, HIDDEN, HEADS = 2, 5, 24, 3
 HEAD_DIM = HIDDEN // HEADS

@@ -332,6 +332,80 @@ def equal_budget(base: str, tuning_dir: str = EQUAL_TUNING, files: dict = EQUAL)
     return "\n\n".join(out)
 
 
+def equal_budget_ready(files: dict = EQUAL) -> bool:
+    return all(os.path.exists(os.path.join(REPOSITORY, path)) for path in files.values())
+
+
+def equal_budget_family(files: dict = EQUAL) -> tuple[list[dict], dict]:
+    """Every test comparison of the 8-seed files, both tasks as one family, each with its Holm p over the family."""
+    family = []
+    for task, path in files.items():
+        family += [dict(c, task=task) for c in read(path)["comparisons"][task] if c["metric"] == TASKS[task][0]]
+    return family, multiple_comparisons(family)
+
+
+def equal_budget_clauses(base: str, rows=None, references=("MHA", "DCMHA"), agreement: bool = True) -> list[str]:
+    """Per task, DAMCHA's rows (`rows`: all of them) against `references`, each with its Holm p over both tasks."""
+    family, _ = equal_budget_family()
+    parts = []
+    for task, title in (("lm", "LM"), ("vit", "ViT")):
+        _, _, lower, scale, digits, unit = TASKS[task]
+        report = read(EQUAL[task])
+        damcha = [row for row in report["summary"][task] if row.startswith("DAMCHA") and (rows is None or row in rows)]
+        clauses = [
+            difference_sentence(display(row), reference, next(c for c in family if (c["task"], c["row"],
+                                c["reference"]) == (task, row, reference)), lower_is_better=lower, scale=scale,
+                                digits=digits, unit=unit if agreement else "", holm=True, agreement=agreement)
+            for row in damcha for reference in references
+        ]  # fmt: skip
+        parts.append(f"{title} ({link(EQUAL[task], base)}): " + "; ".join(clauses))
+    return parts
+
+
+def equal_budget_verdict(base: str) -> str:
+    """The results page's verdict: every DAMCHA row against MHA and DCMHA at the equal-budget rates."""
+    if not equal_budget_ready():
+        return (
+            "Not run yet: " + ", ".join(f"`{path}`" for path in EQUAL.values()) + " (the commands in tuned-comparison)."
+        )
+    _, summary = equal_budget_family()
+    return (f"Each method at the learning rate the equal-budget pass chose on validation (the same grid and tuning seeds "
+            f"for every method, no method's own hyperparameters searched), 8 paired seeds on test, Holm over both "
+            f"tasks' {summary['comparisons']} test comparisons as one family. " + ". ".join(equal_budget_clauses(base))
+            + ".")  # fmt: skip
+
+
+def equal_budget_resolved(base: str) -> str:
+    """The equal-budget comparisons whose test interval excludes zero, with Holm over both tasks."""
+    if not equal_budget_ready():
+        return "Not run yet."
+    family, summary = equal_budget_family()
+    items = []
+    for c in family:
+        if is_resolved(c):
+            _, _, lower, scale, digits, unit = TASKS[c["task"]]
+            items.append(f"{c['task']}: " + difference_sentence(display(c["row"]), display(c["reference"]), c,
+                         lower_is_better=lower, scale=scale, digits=digits, unit=unit, holm=True))  # fmt: skip
+    return ("; ".join(items) or "none") + (
+        f" ({summary['comparisons']} test comparisons of {link(EQUAL['lm'], base)} and {link(EQUAL['vit'], base)} as one "
+        f"family, {summary['intervals_excluding_zero']} intervals excluding zero, about "
+        f"{summary['expected_by_chance']:.1f} by chance alone; Holm keeps {summary['significant_after_holm']}). Every "
+        "method at the rate the same tuning budget chose, 8 seeds, half the steps of the rows above."
+    )  # fmt: skip
+
+
+def readme_equal_budget_line(base: str) -> str:
+    """The README's line on the comparison: DAMCHA `"token"` against MHA and DCMHA at equal budgets."""
+    if not equal_budget_ready():
+        return readme_tuned_line(base)
+    _, summary = equal_budget_family()
+    where = os.path.relpath(os.path.join(REPOSITORY, TUNED), os.path.dirname(os.path.join(REPOSITORY, base)))
+    parts = equal_budget_clauses(base, rows=("DAMCHA token",), agreement=False)
+    return (f"- Same tuning budget for every method, 8 seeds, Holm over both tasks' {summary['comparisons']}: "
+            + ". ".join(part.split(": ", 1)[0].split(" (")[0] + ": " + part.split(": ", 1)[1] for part in parts)
+            + f" ([tuned-comparison]({where}/README.md#the-equal-budget-pass-and-the-8-seed-comparison)).")  # fmt: skip
+
+
 def with_statistics(path: str) -> dict:
     """A quality JSON with its comparisons, p-values and Holm's correction recomputed from its per-seed records (the
     way `quality.py --replot` does), so that files written before the p-values existed read like newer ones."""
@@ -581,11 +655,16 @@ REGIONS = {
         "vit-3-epochs-table": lambda base: paired_table(
             "experiments/vit-width64-3-epochs/vit_long_ctl_merged.json", "vit"
         ),
+        "equal-budget-verdict": equal_budget_verdict,
         "tuned-verdict": tuned_verdict,
         "tuned-shorter-runs": tuned_shorter_runs,
+        "equal-budget-resolved": equal_budget_resolved,
     },
-    "README.md": {"readme-tuned-line": readme_tuned_line},
-    "docs/baselines.md": {"tuned-line": lambda base: tuned_summary_line(base)},
+    "README.md": {"readme-tuned-line": readme_equal_budget_line},
+    "docs/baselines.md": {
+        "equal-budget-line": lambda base: equal_budget_verdict(base),
+        "tuned-line": lambda base: tuned_summary_line(base),
+    },
 }
 
 

@@ -35,13 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def fixed_cross_head(cross_head):
-    """Stands in for the metric: returns a `C` computed beforehand (for one token, broadcast to the input), at no cost."""
+def fixed_cross_head(metric, cross_head):
+    """Stands in for `metric`: a copy of it (so the layer's call runs the same code) whose generator returns a `C`
+    computed beforehand (for one token, broadcast to the input), at no cost."""
+    import copy
+
+    stub = copy.copy(metric)
 
     def forward(z, layer_idx=0, metric_mask="full"):
         return cross_head.expand(*z.shape[:-1], *cross_head.shape[-2:])
 
-    return forward
+    stub.forward = forward
+    return stub
 
 
 def decoding_call(layer, prompt, token, metric=None, prefill_metric=None):
@@ -96,7 +101,7 @@ def build_calls(width: int, heads: int, metric_hidden_size: int, cache_length: i
         torch.nn.init.normal_(parameter, std=0.2)
     prompt, token = torch.randn(1, cache_length, width), torch.randn(1, 1, width)
     with torch.no_grad():
-        fixed = fixed_cross_head(metric(token))
+        fixed = fixed_cross_head(metric, metric(token))
     calls = {
         "stock GPT2Attention": decoding_call(stock, prompt, token),
         'DAMCHA, cross_head_variant="none"': decoding_call(plain, prompt, token),

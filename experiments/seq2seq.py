@@ -24,6 +24,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from damcha_hf.argument_checks import ArgumentParser, positive_int  # noqa: E402  (standard library only)
+from damcha_hf.modeling.variants import VARIANTS  # noqa: E402  (torch-free)
 from damcha_hf.optional_packages import check_extras  # noqa: E402  (standard library only)
 from damcha_hf.safe_files.atomic_files import write_json  # noqa: E402  (standard library only)
 from experiments.common import (  # noqa: E402
@@ -42,10 +43,12 @@ ROWS = {
     "MHA": ["--model-type", "bart"],
     "DAMCHA token": ["--metric-context", "token"],
     "DAMCHA query": ["--metric-context", "query"],
-    "talking-heads": ["--cross-head-variant", "talking_heads"],
-    "DCMHA": ["--cross-head-variant", "dcmha"],
-    "ColMHA": ["--cross-head-variant", "colmha"],
-    "MoA": ["--cross-head-variant", "moa"],
+    # Every cross-head baseline of the registry, by its display name ("talking-heads", "DCMHA", "ColMHA", "MoA").
+    **{
+        variant.display_name.replace("_", "-"): ["--cross-head-variant", name]
+        for name, variant in VARIANTS.items()
+        if name not in ("damcha", "none")
+    },
 }
 MEASURES = {"eval_loss": "loss (nats/token)", "eval_bleu": "BLEU", "eval_chrf": "chrF", "eval_rougeL": "ROUGE-L"}
 DEFAULT_SETTINGS = ["--max-steps", "1000", "--batch-size", "32", "--d-model", "128", "--layers", "2", "--heads", "4",

@@ -31,6 +31,8 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
+from .attention_heads import CrossHeadModule
+
 CP_ITERATIONS = 500
 CP_TOLERANCE = 1e-10
 PINV_RTOL = 1e-10
@@ -42,9 +44,10 @@ def concatenated_head_width(config) -> int:
     return config.num_attention_heads * head_dim
 
 
-class CollaborativeMixing(nn.Module):
+class CollaborativeMixing(CrossHeadModule, nn.Module):
     """The mixing vectors `m_i` of one ColMHA layer (`mixing`, `H x D~`) and, with a compressed key dimension, the
-    maps `A`, `B` (`D x D~`) of the shared query and key."""
+    maps `A`, `B` (`D x D~`) of the shared query and key; at each call, the mixed query (`attention_inputs`) and the
+    shared key (`attended_key`)."""
 
     def __init__(self, num_heads: int, width: int, key_dim: int | None = None):
         super().__init__()
@@ -61,6 +64,17 @@ class CollaborativeMixing(nn.Module):
     @classmethod
     def from_config(cls, config) -> "CollaborativeMixing":
         return cls(config.num_attention_heads, concatenated_head_width(config), config.colmha_key_dim)
+
+    def attention_inputs(self, layer, query, key, value, *, hidden_states, key_states, **options):
+        attn_implementation, variant = layer.config._attn_implementation, options["variant"]
+        # The shared query and key are wider than the value heads: a backend set on a built model, past the model's
+        # own check, that cannot take them is refused.
+        if attn_implementation not in (None, *variant.backends(layer.config)):
+            raise ValueError(variant.backend_refusal(layer.config, attn_implementation))
+        return self.mixed_query(query), key, None
+
+    def attended_key(self, layer, key):
+        return self.shared_key(key)
 
     def mixed_query(self, query: torch.Tensor) -> torch.Tensor:
         """`query` `(b, H, t, d_h)` -> each head's mixed shared query `(b, H, t, D~)`: `(Q A) * m_i`."""

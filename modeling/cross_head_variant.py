@@ -1,14 +1,15 @@
 """What an attention variant declares: `CrossHeadVariant`, the interface every `variant_*.py` file implements.
 
-A variant is one `cross_head_variant` value of the DAMCHA configs (`"damcha"`, `"talking_heads"`, `"dcmha"`,
-`"colmha"`, `"moa"`, `"none"`; `variants.py` lists them): the configs take its fields, defaults and validation from
-here, the models build and initialise its parameters through its hooks, the attention core
-(`dispatch.cross_head_attention_inputs`) calls its attention hook, and the conversion, the model card and the command
-lines read its names and descriptions.
+A variant is one `cross_head_variant` value of the DAMCHA configs (`variants.py` lists them) and two parts: this
+declaration (its names, config fields, backends, refusals, and the factory of its module) and its module, a
+`attention_heads.CrossHeadModule` in a torch file of its own, which does what the variant does at each attention call
+(`attention_inputs`, `attended_key`, `attended_output`) and in the model around it (MoA's loss). The configs take the
+declaration's fields, defaults and validation, the models build its module through it, the attention core
+(`dispatch.cross_head_attention_inputs`) calls the module, and the conversion, the model card and the command lines
+read its names and descriptions.
 
 Torch-free at import, so that the configs and the command line's `--help` read the declarations without loading the
-attention core: the hooks that build modules import their torch code when called, and `bind`, called when a layer is
-built, resolves once the torch code the per-call hooks run. Part of the remote-code payload.
+attention core: `module_class` imports the torch code when a model is built. Part of the remote-code payload.
 """
 
 from typing import ClassVar
@@ -20,7 +21,7 @@ from .config_rules import ConfigField
 ALL_BACKENDS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 # The attributes the models give a variant's modules: one per layer stack (shared by its layers), one per layer.
 STACK_MODULE, LAYER_MODULE = "cross_head_metric", "cross_head_mixing"
-# The attribute an attention layer keeps its bound variant in (`CrossHeadVariant.bind`).
+# The attribute an attention layer keeps its variant's declaration in, set when the layer is built.
 BOUND_VARIANT = "attention_variant"
 
 
@@ -50,6 +51,13 @@ class CrossHeadVariant:
     multi_head_only: ClassVar[str] = ""
     # Whether its layers record a loss that the model reports as `aux_loss` and adds to `loss` (MoA's load balancing).
     reports_auxiliary_loss: ClassVar[bool] = False
+    # Where its module lives: `STACK_MODULE` (one per layer stack, shared by its layers: DAMCHA's metric generator),
+    # `LAYER_MODULE` (one per self-attention layer) or None (no module: plain attention).
+    module_place: ClassVar[str | None] = None
+    # Why vLLM cannot serve it ("": it can), and whether it keeps working with its heads split across devices
+    # (tensor parallelism) and its layers across stages (pipeline parallelism).
+    unservable_reason: ClassVar[str] = ""
+    serves_split_heads: ClassVar[bool] = True
 
     # --- the config -------------------------------------------------------------------------------------------------
 
@@ -89,63 +97,43 @@ class CrossHeadVariant:
 
     # --- the model's modules ----------------------------------------------------------------------------------------
 
+    def module_class(self) -> type | None:
+        """Its module's class (a `CrossHeadModule` with a `from_config` classmethod), imported when called; None for
+        none."""
+        return None
+
     def stack_module(self, config, **layout):
         """The module one layer stack owns (`cross_head_metric`), shared by its layers; None for none. `layout`: what
         a family's stack has other than its config's defaults (`CrossHeadMetric.from_config`: BART's decoder)."""
-        return None
+        return self.module_class().from_config(config, **layout) if self.module_place == STACK_MODULE else None
 
     def layer_module(self, config):
         """The module each self-attention layer owns (`cross_head_mixing`); None for none."""
-        return None
+        return self.module_class().from_config(config) if self.module_place == LAYER_MODULE else None
+
+    def missing_module_refusal(self, layer) -> str:
+        """Why `layer` cannot run: its variant's module is not where the declaration says it lives."""
+        if self.module_place == STACK_MODULE:
+            return (
+                f"{type(layer).__name__}: `cross_head_variant={self.name!r}` needs the model's `{STACK_MODULE}`; call "
+                "the layer through its model, which passes it."
+            )
+        return (
+            f"{type(layer).__name__} has no `{LAYER_MODULE}` module for `cross_head_variant={self.name!r}`; build the "
+            "model through its config, which gives every layer one."
+        )
 
     def init_weights(self, module, std: float) -> None:
         """Called by a model's `_init_weights` for every module: start this variant's own modules as exact MHA."""
 
-    # --- attention --------------------------------------------------------------------------------------------------
+    # --- serving ----------------------------------------------------------------------------------------------------
 
-    # Whether the attention hook computes the key from `key_projection` itself when a layer passes no key (otherwise
-    # the attention core projects it first).
-    projects_key: ClassVar[bool] = False
-
-    def bind(self) -> "CrossHeadVariant":
-        """Resolve the torch code the per-call hooks (`attention_inputs`, `attended_key`, `attended_output`) run, once,
-        when a layer of this variant is built (torch is loaded by then), so that a forward imports nothing; returns the
-        variant, which the layer keeps (`dispatch.layer_variant`). Until then the declaration stays torch-free."""
-        return self
-
-    def attention_inputs(self, module, query, key, value, *, hidden_states, key_states, metric, **options):
-        """The attention hook: `(query, key, score_mixing)` for the layer `module`.
-
-        `query`, `key` `(batch, heads, seq, head_dim)` are the layer's projections (`key` is None where it comes from
-        the cache already mixed); `hidden_states` the queries' tokens; `key_states` the keys' tokens (None: from the
-        cache); `metric` the stack's module. `score_mixing`, if not None, mixes the `n x n` score maps in eager
-        attention (`score_mixing.score_mixing_attention`); otherwise `(query, key, value)` go to the configured
-        attention function as they are. `options`: `metric_context`, `token_mask`, `key_projection`, `dropout`,
-        `attn_implementation`.
-        """
-        return query, key, None
-
-    def attended_key(self, module, key):
-        """The key the attention function gets, from `key` `(batch, heads, seq, head_dim)` as the KV cache returns it
-        (the cache stores what `attention_inputs` gave). The attention core then lays the key heads side by side for a
-        query wider than the key (`attention_heads.full_width_key`)."""
-        return key
-
-    def attended_output(self, module, output, hidden_states):
-        """The attention output `(batch, seq, heads, head_dim)` the layer projects, from `output` as the attention
-        function returns it, for the query tokens `hidden_states` (MoA gates each token's heads here)."""
-        return output
-
-    # --- the model's output (`reports_auxiliary_loss`) --------------------------------------------------------------
-
-    def checkpointing_function(self, checkpoint, layer):
-        """The gradient-checkpointing function `layer` uses, from `checkpoint`, the one transformers gives it: a
-        variant whose layers record a loss makes the checkpointed function return it (MoA)."""
-        return checkpoint
-
-    def prepare_model(self, model) -> None:
-        """Called on each model a built model holds (a head, and the base model inside it) once its layers are built:
-        a variant whose layers record a loss registers there what reports it (MoA's forward hooks)."""
+    def serving_refusal(self, config) -> str | None:
+        """Why vLLM cannot serve `config` ("vLLM cannot serve <setting>: <reason>", from `unservable_reason` or its
+        fields), or None where it can."""
+        if self.unservable_reason:
+            return f"vLLM cannot serve `cross_head_variant={self.name!r}`: it {self.unservable_reason}"
+        return None
 
     # --- conversion -------------------------------------------------------------------------------------------------
 
@@ -159,14 +147,13 @@ class CrossHeadVariant:
 class ScoreMixingVariant(CrossHeadVariant):
     """A variant that mixes the `n x n` score maps across heads (talking-heads, DCMHA): a per-layer module, a
     `score_mixing.ScoreMixing` with `dynamic_weights`, `mix_logits` and `mix_probabilities`, run by
-    `score_mixing.score_mixing_attention` in eager attention, since no fused kernel exposes the score maps. Subclasses name their module class (`mixing_class`)."""
+    `score_mixing.score_mixing_attention` in eager attention, since no fused kernel exposes the score maps."""
 
     grouped_query = False
     multi_head_only = "mixes the score maps of all query heads"
     parameter_kind = "cross-head mixing"
-
-    def mixing_class(self) -> type:
-        raise NotImplementedError
+    module_place = LAYER_MODULE
+    unservable_reason = "mixes the attention score maps across heads, which vLLM's paged kernels never form"
 
     def backends(self, config) -> tuple[str, ...]:
         return ("eager",)
@@ -178,21 +165,3 @@ class ScoreMixingVariant(CrossHeadVariant):
             "model with `attn_implementation='eager'` (or leave it unset), or use DAMCHA's `metric_form='keys'` or "
             "`cross_head_variant='none'`, which run on every backend."
         )
-
-    def layer_module(self, config):
-        return self.mixing_class().from_config(config)
-
-    def bind(self) -> "ScoreMixingVariant":
-        self.bound_mixing_class = self.mixing_class()
-        return self
-
-    def attention_inputs(self, module, query, key, value, *, hidden_states, key_states, metric, **options):
-        mixing = getattr(module, LAYER_MODULE, None)
-        # A wrapper (PEFT's modules_to_save) stands in for the module and forwards its methods to the trained copy, so
-        # the check looks through it instead of insisting on the class.
-        if not isinstance(getattr(mixing, "original_module", mixing), self.bound_mixing_class):
-            raise ValueError(
-                f"{type(module).__name__} has no `{LAYER_MODULE}` module for `cross_head_variant={self.name!r}`; "
-                "build the model through its config, which gives every layer one."
-            )
-        return query, key, mixing

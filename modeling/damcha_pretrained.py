@@ -94,7 +94,7 @@ class DamchaAttentionMixin:
         # The layer index it calls its stack's metric with (an encoder-decoder offsets its cross-attention layers),
         # an instance attribute so that the attention core reads it without `nn.Module.__getattr__`'s miss path.
         module.metric_layer_index = module.layer_idx
-        variant = variant_of(config).bind()
+        variant = variant_of(config)
         setattr(module, LAYER_MODULE, variant.layer_module(config))
         # Kept by the layer, so that its forward looks nothing up in the registry (`dispatch.layer_variant`).
         setattr(module, BOUND_VARIANT, variant)
@@ -192,17 +192,18 @@ class DamchaPreTrainedMixin:
         }
         attention = self.damcha_attention_class
         attention_stock = stock_class_of(attention)
-        variant = variant_of(self.config).bind()
+        module_class = variant_of(self.config).module_class()
         layer_index = 0
         for module in list(self.modules()):
             if type(module) in inner_classes:
                 module.__class__ = inner_classes[type(module)]
                 register_output_recording(module)
-            # A model of the family reports what the variant's layers record (MoA's loss), except a layer stack that
-            # a container of stacks holds (BART's encoder and decoder): `generate` keeps the encoder's output and
+            # A model of the family reports what the variant's modules record (MoA's loss), except a layer stack
+            # that a container of stacks holds (BART's encoder and decoder): `generate` keeps the encoder's output and
             # repeats each of its tensors per beam, which a scalar loss cannot be.
-            if isinstance(module, DamchaPreTrainedMixin) and not module.damcha_stack_in_container:
-                variant.prepare_model(module)
+            reports = isinstance(module, DamchaPreTrainedMixin) and not module.damcha_stack_in_container
+            if module_class is not None and reports:
+                module_class.prepare_model(module)
             if getattr(type(module), "damcha_layer_stack", False):
                 layer_index = 0
                 if not hasattr(module, STACK_MODULE):
@@ -229,13 +230,15 @@ class DamchaPreTrainedMixin:
         init_cross_head_weights(module, std=std)
 
     def _set_gradient_checkpointing(self, *args, **kwargs):
-        # transformers gives every checkpointed module a fresh checkpointing function here; the variant adapts each
-        # (MoA hands its router losses out of the checkpointed layer).
+        # transformers gives every checkpointed module a fresh checkpointing function here; the variant's module adapts
+        # each (MoA hands its router losses out of the checkpointed layer).
         super()._set_gradient_checkpointing(*args, **kwargs)
-        variant = variant_of(self.config)
+        module_class = variant_of(self.config).module_class()
+        if module_class is None:
+            return
         for module in self.modules():
             if hasattr(module, "gradient_checkpointing") and "_gradient_checkpointing_func" in module.__dict__:
-                module._gradient_checkpointing_func = variant.checkpointing_function(
+                module._gradient_checkpointing_func = module_class.checkpointing_function(
                     module._gradient_checkpointing_func, module
                 )
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .attention_heads import full_width_key, project_heads
-from .cross_head_variant import ALL_BACKENDS, BOUND_VARIANT, CrossHeadVariant
+from .attention_heads import PLAIN_ATTENTION, CrossHeadModule, full_width_key, project_heads
+from .cross_head_variant import ALL_BACKENDS, BOUND_VARIANT, LAYER_MODULE, STACK_MODULE, CrossHeadVariant
 from .transformers_releases import SourceKeyCache, self_attention_cache
 from .variants import variant_of
 
@@ -47,32 +47,18 @@ def serving_refusal(config, parallel_sizes: tuple[int, int] | None = None) -> st
             "model with transformers' `generate`."
         )
     variant = variant_of(config)
-    if variant.name not in ("damcha", "none"):
-        reason = {
-            "moa": "gates each head's output per token, and vLLM's attention returns the heads already joined",
-            "colmha": "attends with one shared query and key wider than the value heads vLLM's cache holds",
-        }.get(variant.name, "mixes the attention score maps across heads, which vLLM's paged kernels never form")
-        return f"{name}: vLLM cannot serve `cross_head_variant={variant.name!r}`: it {reason}; {use}."
-    if variant.name == "damcha":
-        if config.metric_form != "keys":
-            return (
-                f"{name}: vLLM cannot serve `metric_form={config.metric_form!r}`: it mixes the attention score maps, "
-                f"which vLLM's paged kernels never form; {use}."
-            )
-        contexts = {config.metric_context, getattr(config, "encoder_context", config.metric_context)}
-        for context, reason in (
-            ("query", "its query heads are wider than the key and value heads vLLM's cache and kernels hold"),
-            ("sequence", "it averages over the sequence, and vLLM's sequence joins the tokens of many requests"),
-        ):
-            if context in contexts:
-                return f"{name}: vLLM cannot serve `metric_context={context!r}`: {reason}; {use}."
+    refusal = variant.serving_refusal(config)
+    if refusal is not None:
+        return f"{name}: {refusal}; {use}."
+    if variant.serves_split_heads:
+        return None
     tensor_parallel, pipeline_parallel = parallel_sizes or _vllm_parallel_sizes()
-    if tensor_parallel > 1 and variant.name == "damcha":
+    if tensor_parallel > 1:
         return (
             f"{name}: vLLM's tensor parallelism ({tensor_parallel}) would split the key/value heads the metric mixes "
             "across devices; serve with `--tensor-parallel-size 1` (more replicas: `--data-parallel-size`)."
         )
-    if pipeline_parallel > 1 and variant.name == "damcha":
+    if pipeline_parallel > 1:
         return (
             f"{name}: vLLM's pipeline parallelism ({pipeline_parallel}) would keep the stack's one metric generator on "
             "one stage while every stage's layers need it; serve with `--pipeline-parallel-size 1` (more replicas: "
@@ -163,17 +149,18 @@ def cross_head_attention_inputs(
     `EncoderDecoderCache`'s cross-attention part, so later steps pass `key=value=None`
     (`cross_attention_source_cached`) and only the query side is computed.
 
-    The variant's `attention_inputs` hook decides: DAMCHA mixes `(query, key)` for the configured attention function
-    (`metric_form="keys"`) or names a score mixing (`"scores"`); talking-heads and DCMHA name their layer's mixing.
-    A score mixing runs in eager attention only: its `eager_attention` is `score_mixing_attention` bound to the mixing
-    (the variant refuses every other backend), so the layer's one call runs it. Plain attention passes the projections
-    through.
+    The variant's module decides (`attention_heads.CrossHeadModule.attention_inputs`; the layer's own, or the stack's
+    `metric`, as the variant's declaration places it): DAMCHA's `CrossHeadMetric` mixes `(query, key)` for the
+    configured attention function (`metric_form="keys"`) or names a score mixing (`"scores"`); talking-heads and DCMHA
+    name their layer's mixing. A score mixing runs in eager attention only: its `eager_attention` is
+    `score_mixing_attention` bound to the mixing (the variant refuses every other backend), so the layer's one call
+    runs it. Plain attention passes the projections through.
     """
-    # The variant was bound when the layer was built, and the variant's hook reads each config field it needs once: a
+    # The variant was bound when the layer was built, and its module reads each config field it needs once: a
     # transformers config attribute costs microseconds per read (its `__getattribute__` hooks), and a registry lookup
     # about as much, which batch-1 decoding pays per layer and step.
     variant = layer_variant(module)
-    attn_implementation = module.config._attn_implementation
+    variant_module = attention_module(module, variant, metric)
     # transformers renamed the cache argument in 5.24; whichever name the caller used, it is the same cache.
     cache = cache if cache is not None else past_key_values
     if source_states is None:
@@ -182,38 +169,53 @@ def cross_head_attention_inputs(
         cache, key_states = SourceKeyCache.of(cache, module.layer_idx), source_states
         if cache is not None and cache.filled:  # the source's keys, values (and key-side weights) as stored
             (key, value), cache, key_states = cache.stored(), None, None
-    if key is None and key_states is not None and not variant.projects_key:
+    if key is None and key_states is not None and not variant_module.projects_key:
         key = project_heads(key_projection, key_states, query.shape[-1])
-    query, key, mixing = variant.attention_inputs(
-        module, query, key, value, hidden_states=hidden_states, key_states=key_states, metric=metric,
-        metric_context=metric_context, token_mask=token_mask, key_projection=key_projection, dropout=dropout,
-        attn_implementation=attn_implementation,
+    query, key, mixing = variant_module.attention_inputs(
+        module, query, key, value, hidden_states=hidden_states, key_states=key_states, metric_context=metric_context,
+        token_mask=token_mask, key_projection=key_projection, dropout=dropout, variant=variant,
     )  # fmt: skip
     if mixing is not None:
-        if attn_implementation not in (None, "eager"):  # set on a built model, past the model's own check
+        # A backend set on a built model, past the model's own check. Read here and where a module needs it only:
+        # the layer's `forward` reads it for its lookup of the attention function.
+        attn_implementation = module.config._attn_implementation
+        if attn_implementation not in (None, "eager"):
             raise ValueError(variant.backend_refusal(module.config, attn_implementation))
         return mixing.score_mixing_inputs(
             module, hidden_states, query, key, value, cache=cache, key_states=key_states, **kwargs
         )
     if cache is not None:
         key, value = cache.update(key, value, module.layer_idx, kwargs=kwargs)
-    key = full_width_key(query, variant.attended_key(module, key))
+    key = full_width_key(query, variant_module.attended_key(module, key))
     return query, key, value, default_attention
 
 
 def cross_head_attention_output(module: nn.Module, output: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-    """The heads' outputs the layer projects, from what its attention function returned (MoA gates them per token;
-    every other variant returns `output` as it is)."""
-    return layer_variant(module).attended_output(module, output, hidden_states)
+    """The heads' outputs the layer projects, from what its attention function returned: the layer's own module
+    gates them (MoA, per token); a layer without one returns `output` as it is."""
+    layer_module = module._modules.get(LAYER_MODULE)
+    return output if layer_module is None else layer_module.attended_output(module, output, hidden_states)
 
 
 def layer_variant(module: nn.Module) -> CrossHeadVariant:
-    """The attention variant of the layer `module`, bound (`CrossHeadVariant.bind`) when the layer was turned into a
-    DAMCHA layer (`DamchaAttentionMixin.adopt_stock_layer`); a layer built on its own, by its stock `__init__`, binds
-    it on its first call. A layer is built for one variant (its modules are that variant's), so the registry is not
-    consulted again; the variant's hooks still read the config fields that may change on a built model."""
+    """The attention variant's declaration of the layer `module`, kept when the layer was turned into a DAMCHA layer
+    (`DamchaAttentionMixin.adopt_stock_layer`); a layer built on its own, by its stock `__init__`, takes it on its first
+    call. A layer is built for one variant (its modules are that variant's), so the registry is not consulted again."""
     variant = module.__dict__.get(BOUND_VARIANT)
     if variant is None:
-        variant = variant_of(module.config).bind()
+        variant = variant_of(module.config)
         setattr(module, BOUND_VARIANT, variant)
     return variant
+
+
+def attention_module(layer: nn.Module, variant: CrossHeadVariant, metric: nn.Module | None) -> CrossHeadModule:
+    """The module whose hooks run at `layer`'s attention call: where `variant` places it, the stack's `metric` (handed
+    to the layer's call) or the layer's own `cross_head_mixing`; `PLAIN_ATTENTION` for a variant without one. A
+    missing one is refused, never run as plain attention."""
+    place = variant.module_place
+    if place is None:
+        return PLAIN_ATTENTION
+    found = metric if place == STACK_MODULE else layer._modules.get(LAYER_MODULE)
+    if found is None:
+        raise ValueError(variant.missing_module_refusal(layer))
+    return found

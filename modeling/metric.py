@@ -61,9 +61,9 @@ is copied next to the weights of a saved checkpoint (remote code).
 import torch
 from torch import nn
 
-from .attention_heads import project_heads
+from .attention_heads import CrossHeadModule, project_heads
 from .autograd import RecomputedGeneratorMLP, SequenceMixedKeyProjection, TokenMixedKeyProjection
-from .metric_choices import METRIC_CONTEXTS, METRIC_MASKS
+from .metric_choices import METRIC_CONTEXTS, METRIC_MASKS, QUERY_CONTEXT_BACKENDS, query_context_refusal
 from .score_mixing import ScoreMixing
 
 
@@ -163,14 +163,19 @@ class MetricGenerator(nn.Module):
         return offsets.view(shape)
 
 
-class CrossHeadMetric(nn.Module):
-    """The cross-head matrix `C(z) = I + G(z)` of a layer, masked for the paper's ablations.
+class CrossHeadMetric(CrossHeadModule, nn.Module):
+    """The cross-head matrix `C(z) = I + G(z)` of a layer, masked for the paper's ablations, and what a DAMCHA layer
+    does with it at each call (`attention_inputs`).
 
     Holds one generator per stack (`metric_sharing="stack"`) or one per layer (`"layer"`). It is a single module so
     that PEFT's `modules_to_save=["cross_head_metric"]` trains every generator of a model in full. The attention
     core calls it as `metric(z, layer_idx, metric_mask)` for every layer (an encoder-decoder's cross-attention layer
     `i` as layer `L + i` of its decoder), so a forward hook on it sees each layer's `C`.
     """
+
+    # "token" and "sequence" mix the keys as they project them (`cross_head_query_key`), in one step; the other
+    # settings project the key in `attention_inputs`, so that the config's fields are read once per call.
+    projects_key = True
 
     def __init__(
         self,
@@ -245,6 +250,58 @@ class CrossHeadMetric(nn.Module):
             return generator.offsets(z) * (1 - identity)
         raise ValueError(f"unknown `metric_mask` {metric_mask!r}; choose one of {', '.join(map(repr, METRIC_MASKS))}.")
 
+    def attention_inputs(self, layer, query, key, value, *, hidden_states, key_states, **options):
+        """DAMCHA's `(query, key, score_mixing)` for `layer` (see `CrossHeadModule.attention_inputs`): the mixed key
+        (`"token"`, `"sequence"`), the expanded query (`"query"`), or the `"scores"` form's score mixing."""
+        config = layer.config
+        metric_context = options.get("metric_context") or config.metric_context
+        if metric_context == "sequence" and getattr(layer, "is_causal", False):
+            # The config refuses this, but a field set on a built model (`model.config.metric_context = ...`) is
+            # checked only here, where it would otherwise let every token see the ones after it.
+            raise ValueError(
+                f"{type(layer).__name__} is causal, but `config.metric_context` is 'sequence', which averages over "
+                "the whole sequence and would let each token see later ones; set `config.metric_context = 'token'` "
+                "(or 'query') on this model."
+            )
+        # Read per call, since they may change on a built model (`model.config.metric_mask = "diagonal"`, the
+        # paper's ablation at inference); everything else the layer needs was fixed when it was built.
+        metric_form, metric_mask = config.metric_form, config.metric_mask
+        layer_index = metric_layer_index(layer)
+        token_mask = options.get("token_mask")
+        if metric_form == "scores":
+            if key is None:
+                key = project_heads(options.get("key_projection"), key_states, query.shape[-1])
+            mixing = MetricScoreMixing(
+                self,
+                layer_idx=layer_index,
+                metric_context=metric_context,
+                metric_mask=metric_mask,
+                num_key_value_heads=(key if key is not None else value).shape[1],
+                token_mask=token_mask,
+            )
+            return query, key, mixing
+        if metric_context == "query" and config._attn_implementation not in (None, *QUERY_CONTEXT_BACKENDS):
+            # Set on a built model, past the model's own check.
+            raise ValueError(query_context_refusal(config._attn_implementation))
+        if key_states is None:  # cached source keys are mixed already; "query" still expands the new queries
+            if metric_context == "query":
+                query = expanded_query(query, self(hidden_states, layer_index, metric_mask))
+            return query, key, None
+        query, key = cross_head_query_key(
+            query,
+            key,
+            hidden_states,
+            self,
+            layer_idx=layer_index,
+            metric_context=metric_context,
+            metric_mask=metric_mask,
+            token_mask=token_mask,
+            compact_saved_key=backend_copies_its_inputs(config, options.get("dropout", 0.0), query),
+            key_projection=options.get("key_projection"),
+            key_states=key_states,
+        )
+        return query, key, None
+
     def flat_identity(self, like: torch.Tensor) -> torch.Tensor:
         """`head_group_identity` (the identity when `H == H_kv`) flattened, on `like`'s device and dtype, made once per
         device and dtype.
@@ -259,6 +316,14 @@ class CrossHeadMetric(nn.Module):
             identity = identity.to(device=like.device, dtype=like.dtype).flatten()
             self._identities[key] = identity
         return identity
+
+
+def metric_layer_index(layer: nn.Module) -> int:
+    """The layer index a layer calls its stack's `CrossHeadMetric` with: `metric_layer_index`, set when the layer was
+    converted (its own index, or past the decoder's self-attention layers for an encoder-decoder's cross-attention);
+    its `layer_idx` for a layer built otherwise."""
+    index = layer.__dict__.get("metric_layer_index")
+    return index if index is not None else layer.layer_idx or 0
 
 
 def head_group_identity(num_heads: int, num_key_value_heads: int) -> torch.Tensor:
@@ -339,8 +404,9 @@ def cross_head_query_key(
     )
 
 
-def backend_copies_its_inputs(attn_implementation: str | None, dropout: float, query) -> bool:
-    """Whether the attention function saves copies of q, k, v for backward rather than the tensors themselves.
+def backend_copies_its_inputs(config, dropout: float, query) -> bool:
+    """Whether the attention function of `config` (its `_attn_implementation`, read only under autograd) saves copies
+    of q, k, v for backward rather than the tensors themselves.
 
     Eager attention and SDPA's math fallback (which a CPU takes when attention dropout is on) do: they then keep no
     view into a fused `c_attn` projection alive, and a key mixing that saved its input as such a view would keep the
@@ -349,6 +415,7 @@ def backend_copies_its_inputs(attn_implementation: str | None, dropout: float, q
     """
     if not (torch.is_grad_enabled() and query.requires_grad):
         return False
+    attn_implementation = config._attn_implementation
     if attn_implementation == "eager":
         return True
     return attn_implementation == "sdpa" and dropout > 0 and query.device.type == "cpu"

@@ -31,10 +31,14 @@ from torch import nn
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
+from .attention_heads import CrossHeadModule
 
-class HeadRouter(nn.Module):
+
+class HeadRouter(CrossHeadModule, nn.Module):
     """The router of one MoA layer: `weight` `(E, hidden)` (zero at the start), `top_k` heads per token, and the loss
-    weights. `router_loss` holds the weighted auxiliary loss of the last forward (None before one)."""
+    weights. `router_loss` holds the weighted auxiliary loss of the last forward (None before one). At each call it
+    gates the layer's heads (`attended_output`); each model holding routers reports their loss
+    (`prepare_model`), also through gradient checkpointing (`checkpointing_function`)."""
 
     def __init__(self, hidden_size: int, num_heads: int, top_k: int, balance_loss_coef: float, z_loss_coef: float):
         super().__init__()
@@ -64,6 +68,17 @@ class HeadRouter(nn.Module):
             self.z_loss_coef * logits.logsumexp(-1).square().mean()
         )
         return gates.to(hidden_states.dtype)
+
+    def attended_output(self, layer, output, hidden_states):
+        return gate_heads(self, output, hidden_states)
+
+    @classmethod
+    def prepare_model(cls, model) -> None:
+        report_router_losses(model)
+
+    @classmethod
+    def checkpointing_function(cls, checkpoint, layer):
+        return checkpoint_carrying_router_losses(checkpoint, layer)
 
 
 def selected_heads(config) -> int:

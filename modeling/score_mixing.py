@@ -11,6 +11,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .attention_heads import CrossHeadModule
+
 
 def score_mixing_attention(
     module: nn.Module,
@@ -112,11 +114,14 @@ def score_mixing_attention_function(
     )
 
 
-class ScoreMixing:
+class ScoreMixing(CrossHeadModule):
     """Mixed into each module that mixes score maps (`TalkingHeadsMixing`, `DynamicHeadComposition`, DAMCHA's
-    `MetricScoreMixing`): the attention core hands it the layer's projections and it returns what the layer's one
-    attention call runs (`score_mixing_attention_inputs`), so that only a checkpoint whose variant mixes score maps
-    carries this file."""
+    `MetricScoreMixing`): as a layer's module it names itself the layer's score mixing (`attention_inputs`); the
+    attention core then hands it the layer's projections and it returns what the layer's one attention call runs
+    (`score_mixing_attention_inputs`), so that only a checkpoint whose variant mixes score maps carries this file."""
+
+    def attention_inputs(self, layer, query, key, value, *, hidden_states, key_states, **options):
+        return query, key, self
 
     def score_mixing_inputs(self, module, hidden_states, query, key, value, *, cache=None, key_states, **kwargs):
         return score_mixing_attention_inputs(

@@ -1,5 +1,5 @@
-"""Collaborative multi-head attention (`cross_head_variant="colmha"`), a cross-head baseline: its declaration, its
-config field and its attention hook.
+"""Collaborative multi-head attention (`cross_head_variant="colmha"`), a cross-head baseline: its declaration and its
+config field.
 
 The heads' shared query and key and their mixing vectors (`CollaborativeMixing`, exact MHA at init) are `colmha.py`;
 so is the re-parametrisation of a trained model that a compressed key dimension needs. Torch-free at import (see
@@ -7,7 +7,7 @@ so is the re-parametrisation of a trained model that a compressed key dimension 
 """
 
 from .config_rules import ConfigField, positive_int_rule
-from .cross_head_variant import CrossHeadVariant
+from .cross_head_variant import LAYER_MODULE, CrossHeadVariant
 
 
 class CollaborativeAttention(CrossHeadVariant):
@@ -31,6 +31,8 @@ class CollaborativeAttention(CrossHeadVariant):
         "scores each head against a shared key wider than its value, which only eager attention and SDPA take"
     )
     multi_head_only = "shares one query and one key of all heads' width among the heads"
+    module_place = LAYER_MODULE
+    unservable_reason = "attends with one shared query and key wider than the value heads vLLM's cache holds"
     fields = {
         "colmha_key_dim": ConfigField(
             int | None,
@@ -62,24 +64,15 @@ class CollaborativeAttention(CrossHeadVariant):
             )
         return None
 
-    def layer_module(self, config):
+    def module_class(self) -> type:
         from .colmha import CollaborativeMixing
 
-        return CollaborativeMixing.from_config(config)
+        return CollaborativeMixing
 
     def init_weights(self, module, std: float) -> None:
         from .colmha import init_colmha
 
         init_colmha(module, std)
-
-    def attention_inputs(self, module, query, key, value, *, hidden_states, key_states, metric, **options):
-        attn_implementation = options.get("attn_implementation")
-        if attn_implementation not in (None, *self.backends(module.config)):
-            raise ValueError(self.backend_refusal(module.config, attn_implementation))
-        return module.cross_head_mixing.mixed_query(query), key, None
-
-    def attended_key(self, module, key):
-        return module.cross_head_mixing.shared_key(key)
 
     def after_conversion(self, model, source, caller: str = "convert_to_damcha") -> None:
         from .colmha import CollaborativeMixing, reparametrize

@@ -1,13 +1,21 @@
-"""DAMCHA (`cross_head_variant="damcha"`): its declaration, its config fields, and its attention hook.
+"""DAMCHA (`cross_head_variant="damcha"`): its declaration and its config fields.
 
 The math (the metric generator `C = I + G(z)` and the key mixing `K~_i = sum_j C_ij K_j`, and the `"scores"` reading)
-is `metric.py`; this file says which of it a layer runs. Torch-free at import (see `cross_head_variant.py`).
-Part of the remote-code payload.
+and what a layer runs of it at each call are `metric.py`'s `CrossHeadMetric`, the module one layer stack shares.
+Torch-free at import (see `cross_head_variant.py`). Part of the remote-code payload.
 """
 
 from .config_rules import ConfigField, choice_rule, positive_int_rule
-from .cross_head_variant import ALL_BACKENDS, CrossHeadVariant
-from .metric_choices import METRIC_CONTEXTS, METRIC_FORMS, METRIC_INPUT_NORMS, METRIC_MASKS, METRIC_SHARINGS
+from .cross_head_variant import ALL_BACKENDS, STACK_MODULE, CrossHeadVariant
+from .metric_choices import (
+    METRIC_CONTEXTS,
+    METRIC_FORMS,
+    METRIC_INPUT_NORMS,
+    METRIC_MASKS,
+    METRIC_SHARINGS,
+    QUERY_CONTEXT_BACKENDS,
+    query_context_refusal,
+)
 
 
 class Damcha(CrossHeadVariant):
@@ -18,6 +26,9 @@ class Damcha(CrossHeadVariant):
     config_doc = '`"damcha"` (data-adaptive cross-head metric, the `metric_*` fields)'
     reference = "Data-Adaptive Mahalanobis Metric Learning for Cross-Head Attention in Transformers, NeurIPS 2026"
     parameter_kind = "metric-generator"
+    module_place = STACK_MODULE
+    # The metric mixes every key/value head of a layer, and one generator serves every layer of the stack.
+    serves_split_heads = False
     fields = {
         "metric_hidden_size": ConfigField(
             int,
@@ -83,7 +94,7 @@ class Damcha(CrossHeadVariant):
         if metric_form == "scores":  # mixes the score maps, which only eager attention materialises
             return ("eager",)
         if metric_context == "query":  # the expanded query is wider than the value: only eager and SDPA take it
-            return ("eager", "sdpa")
+            return QUERY_CONTEXT_BACKENDS
         return ALL_BACKENDS
 
     def backends(self, config) -> tuple[str, ...]:
@@ -112,111 +123,32 @@ class Damcha(CrossHeadVariant):
             )
         return None
 
+    def serving_refusal(self, config) -> str | None:
+        if config.metric_form != "keys":
+            return (
+                f"vLLM cannot serve `metric_form={config.metric_form!r}`: it mixes the attention score maps, which "
+                "vLLM's paged kernels never form"
+            )
+        contexts = {config.metric_context, getattr(config, "encoder_context", config.metric_context)}
+        for context, reason in (
+            ("query", "its query heads are wider than the key and value heads vLLM's cache and kernels hold"),
+            ("sequence", "it averages over the sequence, and vLLM's sequence joins the tokens of many requests"),
+        ):
+            if context in contexts:
+                return f"vLLM cannot serve `metric_context={context!r}`: {reason}"
+        return None
+
     # --- the model's modules ----------------------------------------------------------------------------------------
 
-    def stack_module(self, config, **layout):
+    def module_class(self) -> type:
         from .metric import CrossHeadMetric
 
-        return CrossHeadMetric.from_config(config, **layout)
+        return CrossHeadMetric
 
     def init_weights(self, module, std: float) -> None:
         from .metric import init_metric_generator
 
         init_metric_generator(module)
-
-    # --- attention --------------------------------------------------------------------------------------------------
-
-    # "token" and "sequence" mix the keys as they project them (`metric.cross_head_query_key`), in one step; the other
-    # settings project the key in the hook, so that the config's fields are read once per call.
-    projects_key = True
-
-    def bind(self) -> "Damcha":
-        from .metric import (
-            MetricScoreMixing,
-            backend_copies_its_inputs,
-            cross_head_query_key,
-            expanded_query,
-            project_heads,
-        )
-
-        self.metric_score_mixing = MetricScoreMixing
-        self.backend_copies_its_inputs = backend_copies_its_inputs
-        self.cross_head_query_key = cross_head_query_key
-        self.expanded_query = expanded_query
-        self.project_heads = project_heads
-        return self
-
-    def attention_inputs(self, module, query, key, value, *, hidden_states, key_states, metric, **options):
-        config = module.config
-        metric_context = options.get("metric_context") or config.metric_context
-        if metric is None:
-            raise ValueError(
-                f"{type(module).__name__}: `cross_head_variant='damcha'` needs the model's `cross_head_metric`; call "
-                "the layer through its model, which passes it."
-            )
-        if metric_context == "sequence" and getattr(module, "is_causal", False):
-            # The config refuses this, but a field set on a built model (`model.config.metric_context = ...`) is
-            # checked only here, where it would otherwise let every token see the ones after it.
-            raise ValueError(
-                f"{type(module).__name__} is causal, but `config.metric_context` is 'sequence', which averages over "
-                "the whole sequence and would let each token see later ones; set `config.metric_context = 'token'` "
-                "(or 'query') on this model."
-            )
-        # Read per call, since they may change on a built model (`model.config.metric_mask = "diagonal"`, the
-        # paper's ablation at inference); everything else the layer needs was bound when it was built.
-        metric_form, metric_mask = config.metric_form, config.metric_mask
-        metric_layer = metric_layer_index(module)
-        token_mask = options.get("token_mask")
-        if metric_form == "scores":
-            if key is None:
-                key = self.project_heads(options.get("key_projection"), key_states, query.shape[-1])
-            mixing = self.metric_score_mixing(
-                metric,
-                layer_idx=metric_layer,
-                metric_context=metric_context,
-                metric_mask=metric_mask,
-                num_key_value_heads=(key if key is not None else value).shape[1],
-                token_mask=token_mask,
-            )
-            return query, key, mixing
-        attn_implementation, dropout = options.get("attn_implementation"), options.get("dropout", 0.0)
-        allowed = self._backends(metric_context, "keys")
-        if allowed != ALL_BACKENDS and attn_implementation not in (None, *allowed):
-            raise ValueError(query_context_refusal(attn_implementation))
-        if key_states is None:  # cached source keys are mixed already; "query" still expands the new queries
-            if metric_context == "query":
-                query = self.expanded_query(query, metric(hidden_states, metric_layer, metric_mask))
-            return query, key, None
-        query, key = self.cross_head_query_key(
-            query,
-            key,
-            hidden_states,
-            metric,
-            layer_idx=metric_layer,
-            metric_context=metric_context,
-            metric_mask=metric_mask,
-            token_mask=token_mask,
-            compact_saved_key=self.backend_copies_its_inputs(attn_implementation, dropout, query),
-            key_projection=options.get("key_projection"),
-            key_states=key_states,
-        )
-        return query, key, None
-
-
-def query_context_refusal(requested: str) -> str:
-    return (
-        f"`metric_context='query'` needs `attn_implementation` 'eager' or 'sdpa' (its query and key heads are wider "
-        f"than its value heads); got {requested!r}. Use `metric_context='token'` for {requested}, or load the model "
-        "with `attn_implementation='sdpa'`."
-    )
-
-
-def metric_layer_index(module) -> int:
-    """The layer index a layer calls its stack's `CrossHeadMetric` with: `metric_layer_index`, set when the layer was
-    converted (its own index, or past the decoder's self-attention layers for an encoder-decoder's cross-attention);
-    its `layer_idx` for a layer built otherwise."""
-    index = module.__dict__.get("metric_layer_index")
-    return index if index is not None else module.layer_idx or 0
 
 
 VARIANT = Damcha()

@@ -29,7 +29,7 @@ class DynamicallyComposableAttention(ScoreMixingVariant):
         )
     }
 
-    def mixing_class(self) -> type:
+    def module_class(self) -> type:
         from .dcmha import DynamicHeadComposition
 
         return DynamicHeadComposition

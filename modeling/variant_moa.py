@@ -1,8 +1,8 @@
-"""Mixture of attention heads (`cross_head_variant="moa"`), a cross-head baseline: its declaration, its config fields,
-its output gating and its auxiliary loss.
+"""Mixture of attention heads (`cross_head_variant="moa"`), a cross-head baseline: its declaration and its config
+fields.
 
-The router (`HeadRouter`, zero at the start) and the losses are `moa.py`. Torch-free at import (see
-`cross_head_variant.py`). Part of the remote-code payload.
+The router (`HeadRouter`, zero at the start), its gating of the heads' outputs and its losses are `moa.py`.
+Torch-free at import (see `cross_head_variant.py`). Part of the remote-code payload.
 """
 
 import warnings
@@ -26,6 +26,8 @@ class MixtureOfAttentionHeads(CrossHeadVariant):
     )
     parameter_kind = "head-router"
     reports_auxiliary_loss = True
+    module_place = LAYER_MODULE
+    unservable_reason = "gates each head's output per token, and vLLM's attention returns the heads already joined"
     fields = {
         "moa_top_k": ConfigField(
             int | None,
@@ -84,34 +86,15 @@ class MixtureOfAttentionHeads(CrossHeadVariant):
                 stacklevel=3,
             )
 
-    def layer_module(self, config):
+    def module_class(self) -> type:
         from .moa import HeadRouter
 
-        return HeadRouter.from_config(config)
+        return HeadRouter
 
     def init_weights(self, module, std: float) -> None:
         from .moa import init_moa
 
         init_moa(module, std)
-
-    def bind(self) -> "MixtureOfAttentionHeads":
-        from .moa import gate_heads
-
-        self.gate_heads = gate_heads
-        return self
-
-    def attended_output(self, module, output, hidden_states):
-        return self.gate_heads(getattr(module, LAYER_MODULE), output, hidden_states)
-
-    def checkpointing_function(self, checkpoint, layer):
-        from .moa import checkpoint_carrying_router_losses
-
-        return checkpoint_carrying_router_losses(checkpoint, layer)
-
-    def prepare_model(self, model) -> None:
-        from .moa import report_router_losses
-
-        report_router_losses(model)
 
 
 VARIANT = MixtureOfAttentionHeads()

@@ -18,7 +18,7 @@ class TalkingHeads(ScoreMixingVariant):
     )
     reference = "Shazeer, Lan, Cheng, Ding and Hou, Talking-Heads Attention, arXiv:2003.02436, 2020"
 
-    def mixing_class(self) -> type:
+    def module_class(self) -> type:
         from .talking_heads import TalkingHeadsMixing
 
         return TalkingHeadsMixing

@@ -1096,6 +1096,20 @@ def test_seq2seq_summary_pairs_rows_by_seed_and_corrects_for_the_family(tmp_path
     assert "Holm's correction" in capsys.readouterr().out
 
 
+def test_seq2seq_rows_come_from_the_registry_under_the_committed_names():
+    """The baseline rows are every cross-head variant but DAMCHA and plain MHA, each run with its own flag, named as
+    the committed BART results name them (a renamed row would orphan those results)."""
+    from damcha_hf.modeling.variants import VARIANTS
+    from experiments import seq2seq
+
+    with open(os.path.join(REPOSITORY, "experiments", "bart-stdlib-docstrings", "seq2seq_1000_steps.json")) as file:
+        committed = json.load(file)
+    assert list(seq2seq.ROWS)[: len(committed["rows"])] == list(committed["rows"])
+    baselines = {row: flags for row, flags in seq2seq.ROWS.items() if flags[0] == "--cross-head-variant"}
+    assert sorted(flags[1] for flags in baselines.values()) == sorted(set(VARIANTS) - {"damcha", "none"})
+    assert list(baselines) == ["talking-heads", "DCMHA", "ColMHA", "MoA"]
+
+
 # ------------------------------------------------------------------------------------- arguments and input files
 def one_line_exit(call, capsys) -> tuple[int | str, str]:
     """(exit code, the one line said) of a script ending on a bad argument or input file, in process: a traceback

@@ -126,6 +126,22 @@ def test_a_model_holds_its_variant_modules_and_nothing_else_beyond_the_stock_wei
     assert bool(added) == (stack_module is not None or expected is not None)
 
 
+@pytest.mark.parametrize("name", [name for name in NAMES if VARIANTS[name].module_place is not None])
+def test_a_layer_whose_variant_module_is_missing_is_refused_not_run_as_plain_attention(name):
+    """The layer finds its variant's module where the declaration places it; where it is gone (a layer stack's module
+    removed, a layer's replaced by None), the call names the module and the fix instead of computing plain MHA."""
+    model = variant_lm(name).eval()
+    variant = VARIANTS[name]
+    place = variant.module_place
+    holder = model.transformer if place == STACK_MODULE else model.transformer.h[0].attn
+    assert isinstance(getattr(holder, place), variant.module_class())
+    setattr(holder, place, None)
+    with pytest.raises(ValueError, match=place) as refused:
+        model(input_ids=torch.tensor([[1, 2, 3]]))
+    assert str(refused.value) == variant.missing_module_refusal(model.transformer.h[0].attn)
+    assert "\n" not in str(refused.value)
+
+
 @pytest.mark.parametrize("name", [name for name in NAMES if name != "none"])
 def test_loading_a_checkpoint_without_its_variant_weights_is_refused(name, tmp_path):
     model = variant_lm(name)

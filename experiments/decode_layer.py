@@ -1,10 +1,10 @@
 """Where DAMCHA's batch-1 decoding time goes: one attention layer, one cached decoding step, on the CPU.
 
 Times a stock `GPT2Attention`, DAMCHA's attention with `cross_head_variant="none"` (the same layer code without a
-metric or mixing) and with `metric_context="token"`, and the `"token"` layer with its metric replaced by a stand-in of
-no cost that returns a fixed `C`. The differences between the rows are the cost of each part *inside* the layer,
-where the big `c_attn` GEMV has just streamed its weights through the cache; the last row times the metric call
-alone, outside the layer. The rows take turns (rotating order, `--rounds` rounds of `--calls` calls each) and the
+metric or mixing) and with `metric_context="token"`, and the `"token"` layer with its metric replaced by a stand-in
+module whose generator is free (it returns a fixed `C`). The differences between the rows are the cost of each part
+*inside* the layer, where the big `c_attn` GEMV has just streamed its weights through the cache; the last row times
+the metric call alone, outside the layer. The rows take turns (rotating order, `--rounds` rounds of `--calls` calls each) and the
 medians are reported, in microseconds per call. Run it on an idle machine: a busy one inflates the small operators'
 latency most.
 

@@ -31,8 +31,8 @@ class InexactStartWarning(UserWarning):
 
 
 class CrossHeadVariant:
-    """One attention variant. Subclasses set the class attributes and override the hooks their variant needs; the
-    defaults describe plain multi-head attention (no parameters, every backend, nothing mixed)."""
+    """One attention variant's declaration. Subclasses set the class attributes and override the methods their variant
+    needs; the defaults describe plain multi-head attention (no module, every backend, nothing mixed)."""
 
     name: ClassVar[str]  # the `cross_head_variant` value
     display_name: ClassVar[str]  # a table's row name: "DAMCHA", "DCMHA"

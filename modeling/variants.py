@@ -1,8 +1,9 @@
 """The attention variants, one `variant_*.py` file each: the one table every reader of `cross_head_variant` uses.
 
-The configs take each variant's fields from here (`variant_config_fields`), the models its modules and hooks
-(`variant_of`), the command lines and the model card its names and descriptions. A new variant is one
-`variant_<name>.py` file (a `CrossHeadVariant`; see `cross_head_variant.py`) and one line below. Torch-free at import.
+The configs take each variant's fields from here (`variant_config_fields`), the models its module (`variant_of`), the
+command lines and the model card its names and descriptions. A new variant is one `variant_<name>.py` file (a
+`CrossHeadVariant`; see `cross_head_variant.py`), its module's file if it has one, and one line below. Torch-free at
+import.
 Part of the remote-code payload: a saved checkpoint's copy of this file imports only the variant it was saved with and
 plain attention (`checkpoint_code.py` writes it), so that the checkpoint carries no other variant's code.
 """

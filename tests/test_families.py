@@ -15,6 +15,7 @@ in float64 (`FLOAT64`, `tolerance`). Per-family files (test_gpt2.py, test_llama.
 what is specific to one architecture.
 """
 
+import collections
 import dataclasses
 import functools
 import json
@@ -49,6 +50,7 @@ from damcha_hf.modeling.colmha import CollaborativeMixing
 from damcha_hf.modeling.cross_head_variant import ALL_BACKENDS
 from damcha_hf.modeling.damcha_config import CROSS_HEAD_VARIANTS, METRIC_FORMS
 from damcha_hf.modeling.damcha_family import DamchaHead
+from damcha_hf.modeling.damcha_pretrained import stock_class_of
 from damcha_hf.modeling.moa import HeadRouter
 from damcha_hf.modeling.variants import VARIANTS, backends_of
 
@@ -570,6 +572,58 @@ def test_attention_maps_are_probability_maps(name, context):
             torch.testing.assert_close(attention.sum(-1), ones, rtol=0, atol=length * eps)
             if causal:
                 assert torch.all(attention.triu(1) == 0)
+
+
+# The fields a DAMCHA layer reads per call beyond what its stock layer reads: those that may change on a built model
+# (the metric's context, or BART's encoder's, a property over `encoder_metric_context` and `metric_context`; its form;
+# its mask, the inference-time ablation).
+PER_CALL_METRIC_FIELDS = {"metric_context", "encoder_context", "encoder_metric_context", "metric_form", "metric_mask"}
+
+
+def config_reads_of_first_attention_call(model, attention_class: type, inputs: dict) -> collections.Counter:
+    """Every config attribute the first `attention_class` layer of `model` reads during one forward, with counts."""
+    layer = next(module for module in model.modules() if type(module) is attention_class)
+    config_class, reads, inside = type(model.config), collections.Counter(), []
+    read = config_class.__getattribute__
+
+    def counting(config, key):
+        if inside and not key.startswith("__"):
+            reads[key] += 1
+        return read(config, key)
+
+    hooks = [
+        layer.register_forward_pre_hook(lambda *_: inside.append(True)),
+        layer.register_forward_hook(lambda *_: inside.clear()),
+    ]
+    config_class.__getattribute__ = counting
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        del config_class.__getattribute__
+        for hook in hooks:
+            hook.remove()
+    return reads
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_layer_call_reads_the_config_as_the_stock_layer_does_plus_the_metric_fields_once(name):
+    """The variant and everything fixed at construction are bound to the layer; a call reads what the stock layer reads
+    (its backend for the attention function's lookup, its window) and the metric fields that may change on a built
+    model, each once: no second read of the backend, no field re-read by a hook."""
+    case = CASES[name]
+    head = case.family.task_head
+    stock = head.stock_class(stock_config_for(name, "damcha")).eval()
+    model = damcha_hf.convert_to_damcha(head.stock_class(stock_config_for(name, "damcha")).eval()).eval()
+    attention_class = model.damcha_attention_class
+    for config_class in {type(model.config), type(stock.config)}:
+        assert "__getattribute__" not in config_class.__dict__  # the spy is the only override
+    stock_reads = config_reads_of_first_attention_call(stock, stock_class_of(attention_class), case.inputs())
+    reads = config_reads_of_first_attention_call(model, attention_class, case.inputs())
+    assert stock_reads, "the spy saw the stock layer read nothing: it is not watching the layer"
+    extra = reads - stock_reads
+    assert set(extra) <= PER_CALL_METRIC_FIELDS and set(extra.values()) == {1}, (stock_reads, reads)
+    assert {"metric_form", "metric_mask"} <= set(extra)  # read per call, so a change on the built model takes effect
 
 
 # --- causal families: the cache, causality, padding -------------------------------------------------------------------

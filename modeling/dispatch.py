@@ -209,9 +209,9 @@ def layer_variant(module: nn.Module) -> CrossHeadVariant:
 
 
 def attention_module(layer: nn.Module, variant: CrossHeadVariant, metric: nn.Module | None) -> CrossHeadModule:
-    """The variant's module whose methods run at `layer`'s attention call: where `variant` places it, the stack's `metric` (handed
-    to the layer's call) or the layer's own `cross_head_mixing`; `PLAIN_ATTENTION` for a variant without one. A
-    missing one is refused, never run as plain attention."""
+    """The variant's module whose methods run at `layer`'s attention call: where `variant` places it, the stack's
+    `metric` (handed to the layer's call) or the layer's own `cross_head_mixing`; `PLAIN_ATTENTION` for a variant
+    without one. A missing one is refused, never run as plain attention."""
     place = variant.module_place
     if place is None:
         return PLAIN_ATTENTION

@@ -66,11 +66,8 @@ class CollaborativeMixing(CrossHeadModule, nn.Module):
         return cls(config.num_attention_heads, concatenated_head_width(config), config.colmha_key_dim)
 
     def attention_inputs(self, layer, query, key, value, *, hidden_states, key_states, **options):
-        attn_implementation, variant = layer.config._attn_implementation, options["variant"]
-        # The shared query and key are wider than the value heads: a backend set on a built model, past the model's
-        # own check, that cannot take them is refused.
-        if attn_implementation not in (None, *variant.backends(layer.config)):
-            raise ValueError(variant.backend_refusal(layer.config, attn_implementation))
+        variant = options["variant"]  # the shared query and key are wider than the value heads
+        variant.check_backend_of_built_model(layer.config, variant.backends(layer.config))
         return self.mixed_query(query), key, None
 
     def attended_key(self, layer, key):

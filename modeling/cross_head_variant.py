@@ -73,6 +73,13 @@ class CrossHeadVariant:
             "them (or leave it unset), or use `cross_head_variant='damcha'` or `'none'`, which run on every backend."
         )
 
+    def check_backend_of_built_model(self, config, allowed: tuple[str, ...]) -> None:
+        """Refuse `config._attn_implementation` where `allowed` does not take it: a backend set on a built model, past
+        the model's own check (`dispatch.attn_implementation_for`), is seen only when a layer runs."""
+        requested = config._attn_implementation
+        if requested not in (None, *allowed):
+            raise ValueError(self.backend_refusal(config, requested))
+
     def config_refusal(self, config) -> str | None:
         """Why `config`'s fields do not fit together for this variant (one line naming the field and the fix), or None.
         Each field on its own was checked against its rule already."""

@@ -176,11 +176,8 @@ def cross_head_attention_inputs(
         token_mask=token_mask, key_projection=key_projection, dropout=dropout, variant=variant,
     )  # fmt: skip
     if mixing is not None:
-        # A backend set on a built model, past the model's own check. Read here and where a module needs it only:
-        # the layer's `forward` reads it for its lookup of the attention function.
-        attn_implementation = module.config._attn_implementation
-        if attn_implementation not in (None, "eager"):
-            raise ValueError(variant.backend_refusal(module.config, attn_implementation))
+        # The backend is read here and where a module needs it only: the layer's `forward` reads it for its lookup.
+        variant.check_backend_of_built_model(module.config, ("eager",))
         return mixing.score_mixing_inputs(
             module, hidden_states, query, key, value, cache=cache, key_states=key_states, **kwargs
         )

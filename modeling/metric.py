@@ -63,7 +63,7 @@ from torch import nn
 
 from .attention_heads import CrossHeadModule, project_heads
 from .autograd import RecomputedGeneratorMLP, SequenceMixedKeyProjection, TokenMixedKeyProjection
-from .metric_choices import METRIC_CONTEXTS, METRIC_MASKS, QUERY_CONTEXT_BACKENDS, query_context_refusal
+from .metric_choices import METRIC_CONTEXTS, METRIC_MASKS, QUERY_CONTEXT_BACKENDS
 from .score_mixing import ScoreMixing
 
 
@@ -280,9 +280,8 @@ class CrossHeadMetric(CrossHeadModule, nn.Module):
                 token_mask=token_mask,
             )
             return query, key, mixing
-        if metric_context == "query" and config._attn_implementation not in (None, *QUERY_CONTEXT_BACKENDS):
-            # Set on a built model, past the model's own check.
-            raise ValueError(query_context_refusal(config._attn_implementation))
+        if metric_context == "query":
+            options["variant"].check_backend_of_built_model(config, QUERY_CONTEXT_BACKENDS)
         if key_states is None:  # cached source keys are mixed already; "query" still expands the new queries
             if metric_context == "query":
                 query = expanded_query(query, self(hidden_states, layer_index, metric_mask))

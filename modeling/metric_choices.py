@@ -1,6 +1,6 @@
-"""The values DAMCHA's metric fields take, and the backends and refusal of the `"query"` context: one home for the
-declaration (`variant_damcha.py`), which is torch-free, and the math (`metric.py`), which names them in its refusals,
-so that neither file imports the other to read them.
+"""The values DAMCHA's metric fields take, and the backends of the `"query"` context: one home for the declaration
+(`variant_damcha.py`), which is torch-free, and the math (`metric.py`), which names them in its refusals, so that
+neither file imports the other to read them.
 
 Part of the remote-code payload: imports nothing.
 """
@@ -12,11 +12,3 @@ METRIC_SHARINGS = ("stack", "layer")
 METRIC_INPUT_NORMS = ("none", "layernorm")
 # The expanded `"query"` query is wider than the value heads: only eager attention and SDPA take it.
 QUERY_CONTEXT_BACKENDS = ("eager", "sdpa")
-
-
-def query_context_refusal(requested: str) -> str:
-    return (
-        f"`metric_context='query'` needs `attn_implementation` 'eager' or 'sdpa' (its query and key heads are wider "
-        f"than its value heads); got {requested!r}. Use `metric_context='token'` for {requested}, or load the model "
-        "with `attn_implementation='sdpa'`."
-    )

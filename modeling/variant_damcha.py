@@ -14,7 +14,6 @@ from .metric_choices import (
     METRIC_MASKS,
     METRIC_SHARINGS,
     QUERY_CONTEXT_BACKENDS,
-    query_context_refusal,
 )
 
 
@@ -149,6 +148,14 @@ class Damcha(CrossHeadVariant):
         from .metric import init_metric_generator
 
         init_metric_generator(module)
+
+
+def query_context_refusal(requested: str) -> str:
+    return (
+        f"`metric_context='query'` needs `attn_implementation` 'eager' or 'sdpa' (its query and key heads are wider "
+        f"than its value heads); got {requested!r}. Use `metric_context='token'` for {requested}, or load the model "
+        "with `attn_implementation='sdpa'`."
+    )
 
 
 VARIANT = Damcha()
